@@ -1,0 +1,226 @@
+"""SeaCache's residual cache as diffusers hooks on `transformer.blocks`, driven by an external decision.
+
+Follows the shape of diffusers' ``hooks/mag_cache.py``: a leader hook on
+``blocks[0]`` and pass-through hooks on the other blocks, with per-branch state
+kept by a ``StateManager`` keyed by the ``cache_context`` name ("cond"/"uncond").
+Unlike MagCache or diffusers' SeaCache, the hooks never decide by themselves:
+the caller sets ``ResidualCache.reuse`` before each denoising step.
+
+* recompute: the blocks run; the tail hook stores residual = out - h (float32)
+  for the current branch;
+* reuse: the leader returns h + residual[branch] and the remaining blocks return
+  their input untouched, so no block computes.
+
+The patch embedding, condition embedder, output norm and unpatchify always run.
+One ``ResidualCache`` per transformer, so Wan2.2's two experts keep separate state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.hooks import BaseState, StateManager
+
+_LEADER_HOOK = "morca_residual_cache_leader"
+_BLOCK_HOOK = "morca_residual_cache_block"
+
+
+@dataclass
+class ResidualCacheConfig:
+    """Settings of the residual cache.
+
+    Args:
+        residual_dtype: dtype the residual is stored in (float32 keeps reuse exact for bf16 models).
+    """
+
+    residual_dtype: torch.dtype = torch.float32
+
+
+class _BranchState(BaseState):
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.residual: torch.Tensor | None = None
+        self.block_input: torch.Tensor | None = None
+        self.skipping = False
+
+
+@dataclass
+class _Controller:
+    """State shared by all hooks of one transformer: the decision and which branches hold a residual."""
+
+    reuse: bool = False
+    cached_branches: set[str] = field(default_factory=set)
+    computed_calls: int = 0
+    reused_calls: int = 0
+
+
+def _hidden_states(args, kwargs) -> torch.Tensor:
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+class _LeaderHook(ModelHook):
+    _is_stateful = True
+
+    def __init__(self, config: ResidualCacheConfig, states: StateManager, controller: _Controller, is_tail: bool):
+        super().__init__()
+        self.config, self.states, self.controller, self.is_tail = config, states, controller, is_tail
+
+    def new_forward(self, module: torch.nn.Module, *args, **kwargs):
+        if self.states._context is None:  # outside a cache_context: behave like the plain block
+            return self.fn_ref.original_forward(*args, **kwargs)
+        state: _BranchState = self.states.get_state()
+        hidden = _hidden_states(args, kwargs)
+        if self.controller.reuse:
+            if state.residual is None:
+                raise RuntimeError(
+                    f"reuse requested for branch {self.states.context.name!r} but no residual is cached; "
+                    "the first step of every expert must recompute"
+                )
+            state.skipping = True
+            self.controller.reused_calls += 1
+            return (hidden.to(self.config.residual_dtype) + state.residual).to(hidden.dtype)
+        state.skipping = False
+        state.block_input = hidden
+        self.controller.computed_calls += 1
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.is_tail:
+            _store_residual(self.config, state, output, self.controller, self.states.context.name)
+        return output
+
+    def reset_state(self, module):
+        self.states.reset()
+        self.controller.cached_branches.clear()
+        return module
+
+
+class _BlockHook(ModelHook):
+    _is_stateful = True
+
+    def __init__(self, config: ResidualCacheConfig, states: StateManager, controller: _Controller, is_tail: bool):
+        super().__init__()
+        self.config, self.states, self.controller, self.is_tail = config, states, controller, is_tail
+
+    def new_forward(self, module: torch.nn.Module, *args, **kwargs):
+        if self.states._context is None:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        state: _BranchState = self.states.get_state()
+        if state.skipping:
+            return _hidden_states(args, kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.is_tail:
+            _store_residual(self.config, state, output, self.controller, self.states.context.name)
+        return output
+
+    def reset_state(self, module):
+        self.states.reset()
+        return module
+
+
+def _store_residual(config, state: _BranchState, output: torch.Tensor, controller: _Controller, branch: str) -> None:
+    state.residual = (output.to(config.residual_dtype) - state.block_input.to(config.residual_dtype)).detach()
+    state.block_input = None
+    controller.cached_branches.add(branch)
+
+
+class ResidualCache:
+    """Handle on the hooks installed on one transformer (see module docstring)."""
+
+    def __init__(self, transformer: torch.nn.Module, config: ResidualCacheConfig | None = None):
+        blocks = getattr(transformer, "blocks", None)
+        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+            raise ValueError(f"{type(transformer).__name__} has no non-empty `blocks` ModuleList to cache")
+        if getattr(blocks[0], "_diffusers_hook", None) is not None and blocks[0]._diffusers_hook.get_hook(_LEADER_HOOK):
+            raise RuntimeError(
+                f"{type(transformer).__name__} already carries a MORCA residual cache; call close() on the "
+                "StepwiseDenoiser (or env) that installed it before building another one on the same pipeline"
+            )
+        self.transformer = transformer
+        self.config = config or ResidualCacheConfig()
+        self._controller = _Controller()
+        self._states = StateManager(_BranchState)
+        self._registries: list[tuple[HookRegistry, str]] = []
+        last = len(blocks) - 1
+        for index, block in enumerate(blocks):
+            if index == 0:
+                hook, name = _LeaderHook(self.config, self._states, self._controller, is_tail=last == 0), _LEADER_HOOK
+            else:
+                hook, name = _BlockHook(self.config, self._states, self._controller, is_tail=index == last), _BLOCK_HOOK
+            registry = HookRegistry.check_if_exists_or_initialize(block)
+            registry.register_hook(hook, name)
+            self._registries.append((registry, name))
+        HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
+
+    @property
+    def reuse(self) -> bool:
+        return self._controller.reuse
+
+    @reuse.setter
+    def reuse(self, value: bool) -> None:
+        self._controller.reuse = bool(value)
+
+    def is_valid(self, branches: tuple[str, ...]) -> bool:
+        """True when every branch in `branches` holds a residual, so a reuse step can run."""
+        return all(branch in self._controller.cached_branches for branch in branches)
+
+    @property
+    def call_counts(self) -> tuple[int, int]:
+        """(transformer calls that ran the blocks, calls that reused), since the last reset."""
+        return self._controller.computed_calls, self._controller.reused_calls
+
+    def reset(self) -> None:
+        """Forget all residuals (start of a new video)."""
+        self._states.reset()
+        self._controller.cached_branches.clear()
+        self._controller.reuse = False
+        self._controller.computed_calls = self._controller.reused_calls = 0
+
+    def remove(self) -> None:
+        """Remove the hooks; the blocks' forward is restored exactly."""
+        for registry, name in reversed(self._registries):
+            registry.remove_hook(name, recurse=False)
+        self._registries.clear()
+        HookRegistry.check_if_exists_or_initialize(self.transformer).invalidate_child_registries_cache()
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._registries)
+
+    # ------------------------------------------------------------ sharing
+    @classmethod
+    def attach(cls, transformer: torch.nn.Module, owner: object) -> "ResidualCache":
+        """The transformer's shared cache (installed on first use), with `owner` counted as a user.
+
+        Several denoisers (e.g. a training and an evaluation env) may wrap one pipeline;
+        they share the hooks. Only the denoiser that started the current video may step it.
+        """
+        cache = getattr(transformer, "_morca_residual_cache", None)
+        if cache is None or not cache.installed:
+            cache = cls(transformer)
+            transformer._morca_residual_cache = cache
+            cache._users = set()
+        cache._users.add(id(owner))
+        return cache
+
+    def detach(self, owner: object) -> None:
+        """Drop `owner`; the hooks are removed when the last user detaches."""
+        self._users.discard(id(owner))
+        if not self._users and self.installed:
+            self.remove()
+            if getattr(self.transformer, "_morca_residual_cache", None) is self:
+                del self.transformer._morca_residual_cache
+
+    def claim(self, owner: object) -> None:
+        """Mark `owner` as the user whose video the cached residuals belong to (and forget them)."""
+        self.reset()
+        self.owner = id(owner)
+
+    def check_owner(self, owner: object) -> None:
+        if getattr(self, "owner", None) != id(owner):
+            raise RuntimeError(
+                "another environment or denoiser started a video on the same pipeline since this one's reset(); "
+                "environments that share a pipeline must not be stepped in an interleaved way"
+            )

@@ -1,0 +1,272 @@
+"""A Wan denoising loop that pauses between steps, so a scheduler can decide each step's cache use.
+
+``WanPipeline.__call__`` runs all steps in one call. `StepwiseDenoiser` performs
+the same operations, in the same order, over the pipeline's own components:
+``encode_prompt`` once (or injected prompt embeddings), ``prepare_latents``,
+``scheduler.set_timesteps``, then per step the cond and uncond transformer calls
+inside ``transformer.cache_context(...)``, classifier-free guidance and
+``scheduler.step``; finally the VAE decode (or, for pixel-space models without a
+VAE, the latent itself is the video). With no reuse its final latents equal the
+pipeline's ``output_type="latent"`` result.
+
+Wan2.2 (``transformer_2`` and ``boundary_ratio``): the high-noise expert runs
+while t >= boundary_ratio * num_train_timesteps, then the low-noise expert with
+``guidance_scale_2``. Each expert has its own residual cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .cache import ResidualCache
+
+
+@dataclass
+class DenoiserConfig:
+    """Generation settings (defaults: Wan2.1-T2V-1.3B at 480p, paper App. A)."""
+
+    num_inference_steps: int = 50
+    height: int = 480
+    width: int = 832
+    num_frames: int = 81
+    guidance_scale: float = 5.0
+    guidance_scale_2: float | None = None
+    negative_prompt: str = ""
+    max_sequence_length: int = 512
+
+    def __post_init__(self):
+        for name in ("num_inference_steps", "height", "width", "num_frames", "max_sequence_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        for name in ("guidance_scale", "guidance_scale_2"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{name}={value!r} must be a non-negative number")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepwiseDenoiser:
+    """Runs a diffusers ``WanPipeline``'s denoising one step at a time with a residual cache.
+
+    Usage::
+
+        den = StepwiseDenoiser(pipe, DenoiserConfig(...))
+        den.start(prompt="a red ball", seed=0)
+        while not den.done:
+            den.step(reuse=False)
+        video = den.decode()          # (F, H, W, 3) float32 in [0, 1]
+    """
+
+    def __init__(self, pipe, config: DenoiserConfig | None = None, device: str | torch.device | None = None):
+        self.pipe = pipe
+        self.config = config or DenoiserConfig()
+        self.device = torch.device(device) if device is not None else pipe._execution_device
+        self.experts = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+        if not self.experts:
+            raise ValueError("the pipeline has no transformer")
+        if len(self.experts) == 2 and pipe.config.boundary_ratio is None:
+            raise ValueError("a pipeline with transformer_2 needs `boundary_ratio` in its config")
+        self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
+        # a private scheduler: its multistep history must not leak between episodes or into the pipeline
+        self.scheduler = copy.deepcopy(pipe.scheduler)
+        self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
+        self.timesteps = self.scheduler.timesteps
+        self.expert_of_step = self._assign_experts()
+        self._latents: torch.Tensor | None = None
+        self._index = self.num_steps
+        self.elapsed_s = 0.0
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def transformer_dtype(self) -> torch.dtype:
+        return self.experts[0].dtype
+
+    @property
+    def in_channels(self) -> int:
+        return self.experts[0].config.in_channels
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.config.guidance_scale > 1.0
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        return ("cond", "uncond") if self.do_cfg else ("cond",)
+
+    def _assign_experts(self) -> list[int]:
+        if len(self.experts) == 1:
+            return [0] * len(self.timesteps)
+        boundary = self.pipe.config.boundary_ratio * self.scheduler.config.num_train_timesteps
+        return [0 if t >= boundary else 1 for t in self.timesteps]
+
+    @property
+    def expert_switch_step(self) -> int | None:
+        """First step of the low-noise expert (Wan2.2), else None."""
+        return self.expert_of_step.index(1) if 1 in self.expert_of_step else None
+
+    # ------------------------------------------------------------------- episode
+    @property
+    def step_index(self) -> int:
+        return self._index
+
+    @property
+    def done(self) -> bool:
+        return self._index >= self.num_steps
+
+    @property
+    def latents(self) -> torch.Tensor:
+        if self._latents is None:
+            raise RuntimeError("call start() first")
+        return self._latents
+
+    def sigma(self, step: int) -> float:
+        return float(self.scheduler.sigmas[step])
+
+    def timestep(self, step: int) -> torch.Tensor:
+        return self.timesteps[step]
+
+    def expert(self, step: int):
+        return self.experts[self.expert_of_step[step]]
+
+    def cache_for(self, step: int) -> ResidualCache:
+        return self.caches[self.expert_of_step[step]]
+
+    def cache_valid(self, step: int) -> bool:
+        return self.cache_for(step).is_valid(self.branches)
+
+    @torch.no_grad()
+    def encode(self, prompt: str | None = None, prompt_embeds: torch.Tensor | None = None,
+               negative_prompt_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt embeddings (cond, uncond) in the transformer's dtype."""
+        has_encoder = getattr(self.pipe, "text_encoder", None) is not None
+        negative = None
+        if prompt_embeds is None:
+            if prompt is None:
+                raise ValueError("pass a prompt or prompt_embeds")
+            if not has_encoder:
+                raise ValueError("this pipeline has no text encoder: pass prompt_embeds (and negative_prompt_embeds)")
+            negative = self.config.negative_prompt
+        else:
+            prompt = None
+            if self.do_cfg and negative_prompt_embeds is None:
+                if not has_encoder:
+                    raise ValueError("guidance needs negative_prompt_embeds when the pipeline has no text encoder")
+                negative = [self.config.negative_prompt]
+        cond, uncond = self.pipe.encode_prompt(
+            prompt=prompt,
+            negative_prompt=negative,
+            do_classifier_free_guidance=self.do_cfg,
+            num_videos_per_prompt=1,
+            prompt_embeds=prompt_embeds,
+            negative_prompt_embeds=negative_prompt_embeds,
+            max_sequence_length=self.config.max_sequence_length,
+            device=self.device,
+        )
+        cond = cond.to(device=self.device, dtype=self.transformer_dtype)
+        uncond = uncond.to(device=self.device, dtype=self.transformer_dtype) if uncond is not None else None
+        return cond, uncond
+
+    @torch.no_grad()
+    def start(self, prompt: str | None = None, seed: int = 0, prompt_embeds: torch.Tensor | None = None,
+              negative_prompt_embeds: torch.Tensor | None = None, latents: torch.Tensor | None = None) -> torch.Tensor:
+        """Begin a new video: encode, draw the initial noise, reset scheduler and caches."""
+        t0 = time.perf_counter()
+        self._cond, self._uncond = self.encode(prompt, prompt_embeds, negative_prompt_embeds)
+        generator = torch.Generator("cpu").manual_seed(int(seed))
+        self._latents = self.pipe.prepare_latents(
+            1, self.in_channels, self.config.height, self.config.width, self.config.num_frames,
+            torch.float32, self.device, generator, latents,
+        )
+        self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
+        self.scheduler.set_begin_index(0)
+        for cache in self.caches:
+            cache.claim(self)
+        self._index = 0
+        _sync(self.device)
+        self.elapsed_s = time.perf_counter() - t0
+        return self._latents
+
+    @torch.no_grad()
+    def step(self, reuse: bool) -> torch.Tensor:
+        """Run one denoising step (both CFG branches) reusing the cached residual or recomputing."""
+        if self._latents is None or self.done:
+            raise RuntimeError("no denoising step left: call start() to begin a new video")
+        t0 = time.perf_counter()
+        i = self._index
+        t = self.timesteps[i]
+        model = self.expert(i)
+        cache = self.cache_for(i)
+        cache.check_owner(self)
+        if reuse and not cache.is_valid(self.branches):
+            raise RuntimeError(f"step {i}: reuse needs a cached residual for branches {self.branches}")
+        cache.reuse = bool(reuse)
+        guidance = self.config.guidance_scale
+        if self.expert_of_step[i] == 1 and self.config.guidance_scale_2 is not None:
+            guidance = self.config.guidance_scale_2
+        model_input = self._latents.to(self.transformer_dtype)
+        timestep = t.expand(self._latents.shape[0])
+        context = {"step_index": i, "sigma": self.sigma(i), "num_inference_steps": self.num_steps}
+        with model.cache_context("cond", **context):
+            noise_pred = model(hidden_states=model_input, timestep=timestep, encoder_hidden_states=self._cond,
+                               return_dict=False)[0]
+        if self.do_cfg:
+            with model.cache_context("uncond", **context):
+                noise_uncond = model(hidden_states=model_input, timestep=timestep,
+                                     encoder_hidden_states=self._uncond, return_dict=False)[0]
+            noise_pred = noise_uncond + guidance * (noise_pred - noise_uncond)
+        cache.reuse = False
+        self._latents = self.scheduler.step(noise_pred, t, self._latents, return_dict=False)[0]
+        self._index += 1
+        _sync(self.device)
+        self.elapsed_s += time.perf_counter() - t0
+        return self._latents
+
+    @torch.no_grad()
+    def decode(self) -> torch.Tensor:
+        """The finished video as (F, H, W, 3) float32 in [0, 1] on the CPU."""
+        if not self.done or self._latents is None:
+            raise RuntimeError("decode() needs all denoising steps to be run")
+        t0 = time.perf_counter()
+        latents = self._latents
+        vae = getattr(self.pipe, "vae", None)
+        if vae is not None:
+            latents = latents.to(vae.device, dtype=vae.dtype)
+            z_dim = vae.config.z_dim
+            mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents)
+            inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents)
+            video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+        else:  # pixel-space model: the latent is the video in [-1, 1]
+            video = latents
+        video = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).contiguous().cpu()
+        _sync(self.device)
+        self.elapsed_s += time.perf_counter() - t0
+        return video
+
+    def generate(self, schedule=None, **start_kwargs) -> torch.Tensor:
+        """Convenience: a whole video with a fixed schedule (None = no reuse)."""
+        self.start(**start_kwargs)
+        actions = list(schedule) if schedule is not None else [0] * self.num_steps
+        if len(actions) != self.num_steps:
+            raise ValueError(f"schedule has {len(actions)} actions, expected {self.num_steps}")
+        for a in actions:
+            self.step(reuse=bool(a))
+        return self.decode()
+
+    def close(self) -> None:
+        """Remove the cache hooks: the pipeline's transformers behave exactly as before."""
+        for cache in self.caches:
+            cache.detach(self)
+        self.caches = []

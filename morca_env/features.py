@@ -1,0 +1,56 @@
+"""Latent features phi(x) of the scheduler state (paper Sec. 3.2, App. B.1).
+
+phi(x) = (P3(x), P2(mean_T x), P2(var_T x)): a 3D average pool of the latent to
+(C, 4, 8, 8) and 2D average pools of its temporal mean and variance to (C, 8, 8).
+The observation stacks phi of x_t, x_{t+1} (previous step) and x_{j_t} (last
+recompute): `pooled` (3C, 4, 8, 8) and `temporal` (6C, 8, 8) = 3 means then 3 variances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+POOLED_GRID = (4, 8, 8)
+TEMPORAL_GRID = (8, 8)
+
+
+@dataclass(frozen=True)
+class LatentFeatures:
+    pooled: torch.Tensor  # (C, 4, 8, 8)
+    mean: torch.Tensor  # (C, 8, 8)
+    var: torch.Tensor  # (C, 8, 8)
+
+
+@torch.no_grad()
+def latent_features(latents: torch.Tensor) -> LatentFeatures:
+    """phi(x) for a latent of shape (1, C, F, H, W) or (C, F, H, W); float32 on the latent's device."""
+    x = latents.float()
+    if x.ndim == 5:
+        if x.shape[0] != 1:
+            raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
+        x = x[0]
+    if x.ndim != 4:
+        raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
+    pooled = F.adaptive_avg_pool3d(x, POOLED_GRID)
+    time_mean = x.mean(dim=1, keepdim=True)
+    # (x - mean)^2 averaged by hand: torch's var over a middle dim is ~10x slower on CPU
+    time_var = (x - time_mean).square_().mean(dim=1)
+    mean = F.adaptive_avg_pool2d(time_mean[:, 0], TEMPORAL_GRID)
+    var = F.adaptive_avg_pool2d(time_var, TEMPORAL_GRID)
+    return LatentFeatures(pooled=pooled, mean=mean, var=var)
+
+
+def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:
+    """The observation's (pooled, temporal) arrays for phi(x_t), phi(x_{t+1}), phi(x_{j_t})."""
+    trio = (current, previous, last_recompute)
+    pooled = torch.cat([f.pooled for f in trio], dim=0)
+    temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=0)
+    return pooled.cpu().numpy().astype(np.float32, copy=False), temporal.cpu().numpy().astype(np.float32, copy=False)
+
+
+def feature_shapes(channels: int) -> dict[str, tuple[int, ...]]:
+    return {"pooled": (3 * channels, *POOLED_GRID), "temporal": (6 * channels, *TEMPORAL_GRID)}

@@ -1,0 +1,88 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+
+
+@st.composite
+def schedules(draw):
+    n = draw(st.integers(1, 60))
+    forced = draw(st.sets(st.integers(0, n - 1), max_size=n))
+    spec = BudgetSpec(n, frozenset(forced))
+    budget = draw(st.integers(0, spec.max_budget))
+    requested = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    return spec, budget, requested
+
+
+@settings(max_examples=400, deadline=None)
+@given(schedules())
+def test_projected_schedule_has_exactly_k_reuses(case):
+    spec, budget, requested = case
+    used, cache_valid = 0, False
+    for step, action in enumerate(requested):
+        mask = spec.action_mask(step, used, budget, cache_valid)
+        assert mask.dtype == np.int8 and mask.any(), "some action is always feasible"
+        executed, projected = spec.project(action, step, used, budget, cache_valid)
+        assert projected == (executed != action)
+        assert mask[executed]
+        if executed:
+            assert step not in spec.forced and cache_valid
+        used += executed
+        cache_valid = True  # any executed step leaves a valid cache (a reuse keeps it, a recompute makes it)
+    assert used == budget
+    assert spec.project_schedule(requested, budget).count(1) == budget
+
+
+def test_forced_steps_and_max_budget():
+    assert forced_recompute_steps(50) == {0, 49}
+    assert forced_recompute_steps(50, expert_switch_step=7) == {0, 7, 49}
+    assert BudgetSpec(50, forced_recompute_steps(50, 7)).max_budget == 47
+    assert 0 in BudgetSpec(5, frozenset({4})).forced  # step 0 has no cache: always forced
+    with pytest.raises(ValueError, match=r"budget K=49 is outside the feasible range \[0, 48\]"):
+        BudgetSpec(50, forced_recompute_steps(50)).check_budget(49)
+    with pytest.raises(ValueError, match="outside"):
+        forced_recompute_steps(10, expert_switch_step=10)
+
+
+def test_mask_forces_recompute_when_budget_spent_and_reuse_when_tight():
+    spec = BudgetSpec(6, forced_recompute_steps(6))  # free steps 1..4
+    assert spec.action_mask(1, 0, 0).tolist() == [1, 0]  # nothing to spend
+    assert spec.action_mask(1, 0, 4).tolist() == [0, 1]  # must reuse every free step
+    assert spec.action_mask(2, 1, 2).tolist() == [1, 1]
+    assert spec.action_mask(5, 2, 2).tolist() == [1, 0]  # last step forced
+
+
+def test_calibration_fit_recovers_linear_latency_model():
+    n, cost, fixed = 50, 1.0, 2.0
+    ks = np.arange(0, 45, 5)
+    latency = fixed + (n - ks) * cost
+    calib = SpeedupCalibration.fit(ks, latency, max_budget=48, source="synthetic", num_steps=n)
+    full = fixed + n * cost
+    assert calib.alpha == pytest.approx(full / cost) and calib.beta == pytest.approx(full / cost)
+    for k in (0, 10, 30, 44):
+        assert calib.speedup_of_budget(k) == pytest.approx(full / (fixed + (n - k) * cost))
+        assert calib.budget_for_speedup(calib.speedup_of_budget(k)) == k
+
+
+def test_speedup_out_of_range_names_value_and_range():
+    calib = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48, source="test")
+    lo, hi = calib.speedup_range
+    assert lo == 1.0 and hi == pytest.approx(13.0)
+    with pytest.raises(ValueError, match=r"speedup=20.0 is outside the feasible range \[1.00, 13.00\]"):
+        calib.budget_for_speedup(20.0)
+    with pytest.raises(ValueError, match="speedup=0.5"):
+        calib.budget_for_speedup(0.5)
+    with pytest.raises(TypeError, match="must be a number"):
+        calib.budget_for_speedup("3x")
+    assert calib.budget_for_speedup(1.0) == 0
+    assert math.isinf(SpeedupCalibration(alpha=40.0, beta=40.0, max_budget=48).speedup_of_budget(45))
+
+
+def test_calibration_json_round_trip(tmp_path):
+    calib = SpeedupCalibration(alpha=51.2, beta=50.1, max_budget=48, source="x", full_latency_s=3.2, num_steps=50)
+    calib.to_json(tmp_path / "c.json")
+    assert SpeedupCalibration.from_json(tmp_path / "c.json") == calib

@@ -1,0 +1,122 @@
+from dataclasses import replace
+
+import pytest
+import torch
+
+from morca_env.cache import ResidualCache
+from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from tests.conftest import prompt_embeds
+
+CFG = DenoiserConfig(num_inference_steps=8, height=32, width=32, num_frames=9, max_sequence_length=8)
+
+
+class BlockCounter:
+    """Counts blocks that really compute: each block's attn1 runs only inside the block's own forward."""
+
+    def __init__(self, transformer):
+        self.count = 0
+        self.handles = [b.attn1.register_forward_hook(self._hit) for b in transformer.blocks]
+
+    def _hit(self, *_):
+        self.count += 1
+
+    def take(self):
+        n, self.count = self.count, 0
+        return n
+
+
+def test_reuse_step_runs_no_block_recompute_runs_all(wan21_pipe):
+    counter = BlockCounter(wan21_pipe.transformer)
+    n_blocks = len(wan21_pipe.transformer.blocks)
+    den = StepwiseDenoiser(wan21_pipe, CFG)
+    den.start(*(), prompt_embeds=prompt_embeds()[0], negative_prompt_embeds=prompt_embeds()[1])
+    counts = []
+    for a in [0, 1, 0, 1, 1, 0, 1, 0]:
+        den.step(reuse=bool(a))
+        counts.append(counter.take())
+    assert counts == [0 if a else 2 * n_blocks for a in [0, 1, 0, 1, 1, 0, 1, 0]]  # 2 CFG branches
+    assert den.caches[0].call_counts == (2 * 4, 2 * 4)
+    den.close()
+
+
+def test_branches_keep_separate_residuals(wan21_pipe):
+    den = StepwiseDenoiser(wan21_pipe, CFG)
+    den.start(prompt_embeds=prompt_embeds()[0], negative_prompt_embeds=prompt_embeds()[1])
+    den.step(reuse=False)
+    states = den.caches[0]._states._state_cache
+    assert set(states) == {"cond", "uncond"}
+    cond, uncond = states["cond"].residual, states["uncond"].residual
+    assert cond.dtype == torch.float32 and cond.shape == uncond.shape
+    assert (cond - uncond).abs().max() > 1e-5
+    den.close()
+
+
+def test_reuse_adds_cached_residual_to_block_input(wan21_pipe):
+    """On reuse the block stack's output is exactly h + residual of that branch."""
+    transformer = wan21_pipe.transformer
+    cache = ResidualCache(transformer)
+    h = torch.randn(1, 12, 32)
+    ehs = transformer.condition_embedder.text_embedder(prompt_embeds()[0])
+    temb = torch.randn(1, 6, 32)
+    rope = transformer.rope(torch.randn(1, 4, 3, 4, 4))  # 3 x 2 x 2 = 12 tokens
+    def stack(x):
+        for block in transformer.blocks:
+            x = block(x, ehs, temb, rope)
+        return x
+    with transformer.cache_context("cond"):
+        cache.reuse = False
+        full = stack(h)
+        cache.reuse = True
+        h2 = torch.randn(1, 12, 32)
+        reused = stack(h2)
+    assert torch.allclose(reused, h2 + (full - h), atol=1e-6)
+    cache.remove()
+
+
+def test_remove_restores_forward_exactly(wan21_pipe):
+    transformer = wan21_pipe.transformer
+    x = torch.randn(1, 4, 3, 4, 4)
+    t = torch.tensor([500.0])
+    e = prompt_embeds()[0]
+    with torch.no_grad():
+        before = transformer(x, t, e, return_dict=False)[0]
+        den = StepwiseDenoiser(wan21_pipe, CFG)
+        with pytest.raises(RuntimeError, match="already carries"):
+            ResidualCache(transformer)  # a second, independent set of hooks is refused
+        den.close()
+        after = transformer(x, t, e, return_dict=False)[0]
+    assert torch.equal(before, after)
+    for block in transformer.blocks:
+        assert not block._diffusers_hook.hooks
+    StepwiseDenoiser(wan21_pipe, CFG).close()  # installable again after removal
+
+
+def test_denoisers_sharing_a_pipeline_cannot_interleave(wan21_pipe):
+    embeds = prompt_embeds()
+    first, second = StepwiseDenoiser(wan21_pipe, CFG), StepwiseDenoiser(wan21_pipe, CFG)
+    assert first.caches[0] is second.caches[0]
+    first.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1])
+    first.step(reuse=False)
+    second.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1])
+    with pytest.raises(RuntimeError, match="interleaved"):
+        first.step(reuse=True)
+    second.step(reuse=False)
+    first.close()
+    assert wan21_pipe.transformer.blocks[0]._diffusers_hook.hooks  # still used by `second`
+    second.close()
+    assert not wan21_pipe.transformer.blocks[0]._diffusers_hook.hooks
+
+
+def test_experts_have_separate_caches(wan22_pipe):
+    den = StepwiseDenoiser(wan22_pipe, replace(CFG, guidance_scale_2=3.0, num_inference_steps=16))
+    den.start(prompt_embeds=prompt_embeds()[0], negative_prompt_embeds=prompt_embeds()[1])
+    switch = den.expert_switch_step
+    while den.step_index < switch:
+        den.step(reuse=den.step_index % 2 == 1)
+    assert den.cache_valid(switch - 1) and not den.cache_valid(switch)
+    with pytest.raises(RuntimeError, match="cached residual"):
+        den.step(reuse=True)
+    den.step(reuse=False)
+    assert den.cache_valid(switch + 1)
+    assert den.caches[0].call_counts != den.caches[1].call_counts
+    den.close()

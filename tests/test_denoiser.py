@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from tests.conftest import prompt_embeds
+
+CFG = dict(num_inference_steps=12, height=32, width=32, num_frames=9, max_sequence_length=8)
+
+
+def run_denoiser(pipe, config, seed, embeds, schedule=None):
+    den = StepwiseDenoiser(pipe, config)
+    den.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], seed=seed)
+    for a in schedule or [0] * den.num_steps:
+        den.step(reuse=bool(a))
+    den.close()
+    return den
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+def test_no_reuse_matches_wan_pipeline(kind, wan21_pipe, wan22_pipe):
+    pipe = wan21_pipe if kind == "wan21" else wan22_pipe
+    g2 = 3.0 if kind == "wan22" else None
+    embeds = prompt_embeds(seed=1)
+    expected = pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], guidance_scale=5.0,
+                    guidance_scale_2=g2, output_type="latent", generator=torch.Generator().manual_seed(7),
+                    height=32, width=32, num_frames=9, num_inference_steps=12).frames
+    den = run_denoiser(pipe, DenoiserConfig(guidance_scale=5.0, guidance_scale_2=g2, **CFG), 7, embeds)
+    assert den.latents.shape == expected.shape
+    assert (den.latents - expected).abs().max().item() <= 1e-6
+
+
+def test_wan22_switches_expert_at_boundary(wan22_pipe):
+    den = StepwiseDenoiser(wan22_pipe, DenoiserConfig(guidance_scale=4.0, guidance_scale_2=3.0, **CFG))
+    boundary = 0.875 * den.scheduler.config.num_train_timesteps
+    switch = den.expert_switch_step
+    assert switch is not None and 0 < switch < den.num_steps
+    assert all(t >= boundary for t in den.timesteps[:switch]) and all(t < boundary for t in den.timesteps[switch:])
+    assert den.expert(switch) is wan22_pipe.transformer_2 and den.expert(0) is wan22_pipe.transformer
+
+
+def test_reuse_changes_result_and_needs_a_cache(wan21_pipe):
+    embeds = prompt_embeds()
+    config = DenoiserConfig(**CFG)
+    plain = run_denoiser(wan21_pipe, config, 0, embeds).latents
+    reused = run_denoiser(wan21_pipe, config, 0, embeds, [0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 0]).latents
+    assert (plain - reused).abs().max() > 1e-4
+    den = StepwiseDenoiser(wan21_pipe, config)
+    den.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1])
+    with pytest.raises(RuntimeError, match="cached residual"):
+        den.step(reuse=True)
+
+
+def test_decode_and_errors(wan21_pipe):
+    den = run_denoiser(wan21_pipe, DenoiserConfig(**CFG), 0, prompt_embeds())
+    video = den.decode()
+    assert video.shape == (9, 32, 32, 3) and 0.0 <= video.min() and video.max() <= 1.0
+    with pytest.raises(RuntimeError, match="no denoising step left"):
+        den.step(reuse=False)
+    with pytest.raises(ValueError, match="no text encoder"):
+        den.start(prompt="a red ball")
+
+
+def test_text_encoder_path_matches_pipeline():
+    from tests.conftest import make_pipe
+
+    pipe = make_pipe("wan21", with_text_encoder=True, with_vae=False, vocabulary=["red", "ball"])
+    latents = torch.randn(1, 4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    expected = pipe(prompt="a red ball", latents=latents, output_type="latent", num_inference_steps=6,
+                    height=16, width=16, max_sequence_length=8).frames
+    den = StepwiseDenoiser(pipe, DenoiserConfig(num_inference_steps=6, height=16, width=16, num_frames=3,
+                                                max_sequence_length=8))
+    den.start(prompt="a red ball", latents=latents)
+    while not den.done:
+        den.step(reuse=False)
+    assert (den.latents - expected).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("field,value", [("num_inference_steps", 0), ("height", -1), ("guidance_scale", -1.0)])
+def test_config_validation(field, value):
+    with pytest.raises(ValueError, match=field):
+        DenoiserConfig(**{field: value})

@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+import torch
+
+from morca_env.features import feature_shapes, latent_features, stack_features
+
+
+@pytest.mark.parametrize("channels,frames,h,w", [(16, 21, 60, 104), (3, 8, 32, 32), (4, 3, 4, 4)])
+def test_shapes_follow_latent_channels(channels, frames, h, w):
+    x = torch.randn(1, channels, frames, h, w)
+    f = latent_features(x)
+    assert f.pooled.shape == (channels, 4, 8, 8)
+    assert f.mean.shape == f.var.shape == (channels, 8, 8)
+    pooled, temporal = stack_features(f, f, f)
+    assert pooled.shape == feature_shapes(channels)["pooled"] and temporal.shape == feature_shapes(channels)["temporal"]
+    assert pooled.dtype == temporal.dtype == np.float32
+
+
+def test_values_are_block_means_of_the_latent():
+    x = torch.randn(1, 2, 8, 16, 16, generator=torch.Generator().manual_seed(0))
+    f = latent_features(x)
+    block = x[0, 1, 2:4, 4:6, 10:12]  # pooled cell (t=1, h=2, w=5) of channel 1
+    assert f.pooled[1, 1, 2, 5] == pytest.approx(block.mean().item(), abs=1e-6)
+    mean_t = x[0, 0].mean(dim=0)[6:8, 0:2].mean()
+    var_t = x[0, 0].var(dim=0, unbiased=False)[6:8, 0:2].mean()
+    assert f.mean[0, 3, 0] == pytest.approx(mean_t.item(), abs=1e-6)
+    assert f.var[0, 3, 0] == pytest.approx(var_t.item(), abs=1e-6)
+
+
+def test_stack_order_current_previous_last_recompute():
+    a, b, c = (latent_features(torch.full((1, 1, 4, 8, 8), v)) for v in (1.0, 2.0, 3.0))
+    pooled, temporal = stack_features(a, b, c)
+    assert pooled[:, 0, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert temporal[:, 0, 0].tolist() == [1.0, 2.0, 3.0, 0.0, 0.0, 0.0]
+
+
+def test_rejects_batches():
+    with pytest.raises(ValueError, match="batch size 1"):
+        latent_features(torch.randn(2, 3, 4, 8, 8))
