@@ -141,6 +141,7 @@ class ResidualCache:
         self.transformer = transformer
         self.config = config or ResidualCacheConfig()
         self._controller = _Controller()
+        self.owner: int | None = None
         self._states = StateManager(_BranchState)
         self._registries: list[tuple[HookRegistry, str]] = []
         last = len(blocks) - 1
@@ -219,7 +220,7 @@ class ResidualCache:
         self.owner = id(owner)
 
     def check_owner(self, owner: object) -> None:
-        if getattr(self, "owner", None) != id(owner):
+        if self.owner != id(owner):
             raise RuntimeError(
                 "another environment or denoiser started a video on the same pipeline since this one's reset(); "
                 "environments that share a pipeline must not be stepped in an interleaved way"

@@ -209,6 +209,8 @@ class StepwiseDenoiser:
         t = self.timesteps[i]
         model = self.expert(i)
         cache = self.cache_for(i)
+        if i == 0 and cache.owner != id(self):
+            cache.claim(self)  # nothing of this video is cached yet: take the shared cache back
         cache.check_owner(self)
         if reuse and not cache.is_valid(self.branches):
             raise RuntimeError(f"step {i}: reuse needs a cached residual for branches {self.branches}")

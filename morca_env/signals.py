@@ -102,6 +102,14 @@ def official_signal_input(transformer, latents: torch.Tensor, timestep: torch.Te
     return modulated.reshape(batch, *grid, -1)
 
 
+def signal_input_for_step(kind: SignalKind, denoiser) -> torch.Tensor:
+    """The signal input of the denoiser's current step (before its decision)."""
+    if kind == "official":
+        i = denoiser.step_index
+        return official_signal_input(denoiser.expert(i), denoiser.latents, denoiser.timestep(i))
+    return latent_signal_input(denoiser.latents)
+
+
 def signal_axes(kind: SignalKind) -> tuple[int, int, int]:
     """The (F, H, W) axes of each signal layout."""
     return (2, 3, 4) if kind == "latent" else (1, 2, 3)

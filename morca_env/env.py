@@ -1,0 +1,408 @@
+"""MorcaEnv: cache scheduling for Wan video denoising as a budget-constrained MDP (MORCA, Sec. 3.2 / App. D)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict, replace
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from .denoiser import DenoiserConfig, StepwiseDenoiser
+from .features import feature_shapes, latent_features, stack_features
+from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
+from .models.presets import ModelPreset, get_preset, load_calibration
+from .prompts import PromptSuite, get_suite
+from .references import ReferenceCache
+from .signals import SIGNAL_KINDS, StepDistanceTracker, signal_input_for_step
+
+SCALAR_NAMES = ("d_t", "D_t", "t", "l_t", "u_t", "K", "cache_valid")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_LPIPS_WARNED = False
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+class MorcaEnv(gym.Env):
+    """Decide, at every denoising step of a Wan video, whether to reuse SeaCache's cached residual.
+
+    ## Description
+
+    One episode generates one video with a diffusers Wan pipeline. At each of the
+    N denoising steps the agent either recomputes the transformer blocks (action 0)
+    or reuses the residual cached at the last recompute (action 1), for both
+    classifier-free-guidance branches at once. A target speedup rho* is turned into
+    an exact reuse budget K (K = alpha - beta / rho, calibrated latencies); the
+    action mask keeps exactly K reuses attainable (the augmented MDP of the
+    MORCA paper, App. D), so every episode hits its budget.
+
+    ## Action Space
+
+    `Discrete(2)`: 0 = recompute, 1 = reuse. An infeasible action is projected onto
+    the feasible one and flagged with `info["projected"] = True`; use
+    `obs["action_mask"]` or `action_masks()` (sb3-contrib) to avoid that.
+
+    ## Observation Space
+
+    A `Dict`:
+
+    | key           | shape          | content                                                        |
+    |---------------|----------------|----------------------------------------------------------------|
+    | `pooled`      | (3C, 4, 8, 8)  | P3 pools of x_t, x_{t+1} (previous step), x_{j_t} (last recompute) |
+    | `temporal`    | (6C, 8, 8)     | P2 pools of the temporal means (3C) then variances (3C) of the same |
+    | `scalars`     | (7,)           | d_t, D_t, t, l_t, u_t, K, cache-valid bit                      |
+    | `action_mask` | (2,) int8      | [recompute feasible, reuse feasible]                           |
+
+    C is the latent's channel count (16 for Wan, 3 for MorcaTiny). d_t is SeaCache's
+    filtered step distance and D_t its sum since the last recompute (unbounded);
+    t = remaining steps / N, l_t = steps since the last recompute / N,
+    u_t = reuses so far / N, K = budget / N.
+
+    ## Rewards
+
+    0 at every step but the last, then min(PSNR(video, reference), r_max) in dB,
+    the reference being the no-cache video for the same prompt and seed.
+
+    ## Starting State
+
+    `reset` draws a prompt and generation seed from the prompt suite and a target
+    speedup (or takes `options["prompt"]`, `options["seed"]`, `options["speedup"]`
+    / `options["budget"]`), encodes the prompt, draws the initial noise and makes
+    sure the reference video exists (generated once, cached on disk).
+
+    ## Episode End
+
+    After N steps: `terminated=True` (never truncated). The final `info` holds
+    `psnr`, `ssim`, `lpips` (when LPIPS weights are available), `schedule`,
+    `num_reuse`, `budget`, `target_speedup`, `latency_s`, `reference_latency_s`
+    and `speedup` (measured, reference latency / episode latency).
+
+    ## Arguments
+
+    ```python
+    gym.make("MorcaTiny-v0", speedup=3.0)            # or budget=25, or speedup=(1.5, 4.5)
+    gym.make("MorcaWan21-v0", speedup=3.0)           # real Wan2.1 (GPU, weights)
+    gym.make("MorcaWan21-v0", pipeline=my_pipe)      # any already built WanPipeline
+    ```
+
+    `speedup`, `budget`, `prompts` (suite name or list), `num_inference_steps`,
+    `height`, `width`, `num_frames`, `guidance_scale`, `guidance_scale_2`,
+    `negative_prompt`, `r_max`, `device`, `dtype`, `pipeline`, `model_id`,
+    `reference_cache_dir`, `lpips`, `signal` ("official" or "latent"), `calibration`.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        speedup: float | tuple[float, float] | None = None,
+        budget: int | None = None,
+        prompts: str | Sequence[str] | PromptSuite | None = None,
+        num_inference_steps: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_frames: int | None = None,
+        guidance_scale: float | None = None,
+        guidance_scale_2: float | None = None,
+        negative_prompt: str | None = None,
+        r_max: float | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        pipeline: Any = None,
+        model_id: str | None = None,
+        reference_cache_dir: str | None = None,
+        lpips: bool = True,
+        signal: str = "official",
+        calibration: SpeedupCalibration | str | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__()
+        self.preset: ModelPreset = get_preset(model)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r}; valid: {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        if signal not in SIGNAL_KINDS:
+            raise ValueError(f"signal={signal!r}; valid: {SIGNAL_KINDS}")
+        self.signal_kind = signal
+        if r_max is not None and not (_is_number(r_max) and 0 < r_max < math.inf):
+            raise ValueError(f"r_max={r_max!r} must be a positive finite number of dB")
+        self.r_max = float(self.preset.r_max if r_max is None else r_max)
+        self.suite = get_suite(prompts if prompts is not None else self.preset.train_suite)
+
+        overrides = {k: v for k, v in dict(num_inference_steps=num_inference_steps, height=height, width=width,
+                                           num_frames=num_frames, guidance_scale=guidance_scale,
+                                           guidance_scale_2=guidance_scale_2, negative_prompt=negative_prompt).items()
+                     if v is not None}
+        self.config: DenoiserConfig = replace(self.preset.config, **overrides)
+
+        if pipeline is None:
+            self.device = torch.device(device) if device is not None else torch.device(
+                "cuda" if self.preset.prefers_gpu and torch.cuda.is_available() else "cpu")
+            self.dtype = self._resolve_dtype(dtype)
+            pipeline = self.preset.load(model_id, self.device, self.dtype)
+        elif not (hasattr(pipeline, "transformer") and hasattr(pipeline, "scheduler")):
+            raise TypeError(f"pipeline must be a diffusers WanPipeline, got {type(pipeline).__name__}")
+        else:  # an injected pipeline stays where and as it is
+            self.device = torch.device(device) if device is not None else pipeline._execution_device
+            self.dtype = pipeline.transformer.dtype
+        self.pipe = pipeline
+        self.model_id = model_id or getattr(pipeline, "name_or_path", None) or self.preset.model_id or self.preset.name
+        self.denoiser = StepwiseDenoiser(pipeline, self.config, device=self.device)
+        self.num_steps = self.denoiser.num_steps
+        self.budget_spec = BudgetSpec(self.num_steps, forced_recompute_steps(self.num_steps, self.denoiser.expert_switch_step))
+        if isinstance(calibration, str):
+            calibration = SpeedupCalibration.from_json(calibration)
+        self.calibration = calibration or load_calibration(self.preset.name, self.num_steps, self.budget_spec.max_budget)
+        self.calibration = replace(self.calibration, max_budget=self.budget_spec.max_budget)
+        self._speedup_spec, self._budget_default = self._validate_target(speedup, budget)
+
+        self.references = ReferenceCache(reference_cache_dir)
+        self._fingerprint = self._pipeline_fingerprint()
+        self._lpips = self._make_lpips(lpips)
+        self.tracker = StepDistanceTracker(kind=signal)
+
+        channels = self.denoiser.in_channels
+        shapes = feature_shapes(channels)
+        scalar_high = np.array([np.inf, np.inf, 1, 1, 1, 1, 1], dtype=np.float32)
+        self.observation_space = spaces.Dict({
+            "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.float32),
+            "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.float32),
+            "scalars": spaces.Box(np.zeros(7, np.float32), scalar_high, (7,), np.float32),
+            "action_mask": spaces.MultiBinary(2),
+        })
+        self.action_space = spaces.Discrete(2)
+        self._episode_active = False
+        self._ended = False
+        self._mask = np.array([1, 0], dtype=np.int8)
+        self.last_video: torch.Tensor | None = None
+        self.reference_video: torch.Tensor | None = None
+
+    # ------------------------------------------------------------ construction
+    def _resolve_dtype(self, dtype) -> torch.dtype:
+        if dtype is None:
+            return self.preset.gpu_dtype if self.device.type == "cuda" else torch.float32
+        if isinstance(dtype, str):
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype={dtype!r}; valid: {', '.join(_DTYPES)}")
+            return _DTYPES[dtype]
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype={dtype!r}; valid: {', '.join(_DTYPES)}")
+        return dtype
+
+    def _validate_target(self, speedup, budget):
+        if speedup is not None and budget is not None:
+            raise ValueError(f"pass speedup or budget, not both (got speedup={speedup!r}, budget={budget!r})")
+        if budget is not None:
+            return None, self.budget_spec.check_budget(budget)
+        if speedup is None:
+            lo, hi = self.preset.speedup_range
+            hi = min(hi, self.calibration.speedup_range[1])
+            return (lo, hi), None
+        return self._check_speedup_spec(speedup), None
+
+    def _check_speedup_spec(self, speedup):
+        if _is_number(speedup):
+            return self.calibration.check_speedup(float(speedup))
+        if isinstance(speedup, (tuple, list)) and len(speedup) == 2 and all(_is_number(s) for s in speedup):
+            lo, hi = (self.calibration.check_speedup(float(s)) for s in speedup)
+            if lo > hi:
+                raise ValueError(f"speedup range {tuple(speedup)} must be (low, high) with low <= high")
+            return (lo, hi)
+        raise ValueError(f"speedup={speedup!r} must be a number or a (low, high) pair in "
+                         f"[{self.calibration.speedup_range[0]:.2f}, {self.calibration.speedup_range[1]:.2f}]")
+
+    def _make_lpips(self, enabled: bool):
+        global _LPIPS_WARNED
+        if not enabled:
+            return None
+        try:
+            return Lpips(self.device)
+        except LpipsUnavailable as error:
+            if not _LPIPS_WARNED:
+                warnings.warn(f"LPIPS disabled: {error}", stacklevel=3)
+                _LPIPS_WARNED = True
+            return None
+
+    def _pipeline_fingerprint(self) -> str:
+        """Identifies the model for the reference cache: configs plus a sample of the weights."""
+        digest = hashlib.sha256()
+        digest.update(str(self.model_id).encode())
+        digest.update(json.dumps(dict(self.denoiser.scheduler.config), sort_keys=True, default=str).encode())
+        for model in self.denoiser.experts:
+            digest.update(json.dumps(dict(model.config), sort_keys=True, default=str).encode())
+            params = list(model.parameters())
+            budget = 1 << 20
+            for p in params[:8] + params[-2:]:
+                flat = p.detach().reshape(-1)[:budget].float().cpu()
+                digest.update(flat.numpy().tobytes())
+        for name in ("text_encoder", "vae"):
+            module = getattr(self.pipe, name, None)
+            if module is not None:
+                digest.update(json.dumps(module.config.to_dict() if hasattr(module.config, "to_dict")
+                                         else dict(module.config), sort_keys=True, default=str).encode())
+                first = next(module.parameters()).detach().reshape(-1)[:4096].float().cpu()
+                digest.update(first.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    # ----------------------------------------------------------------- episode
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"prompt", "seed", "speedup", "budget"}
+        if unknown:
+            raise ValueError(f"unknown reset options {sorted(unknown)}; valid: prompt, seed, speedup, budget")
+        prompt, gen_seed = self.suite.sample(self.np_random)
+        if "prompt" in options:
+            prompt = options["prompt"]
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"options['prompt']={prompt!r} must be a non-empty string")
+        if "seed" in options:
+            gen_seed = options["seed"]
+            if isinstance(gen_seed, bool) or not isinstance(gen_seed, (int, np.integer)) or gen_seed < 0:
+                raise ValueError(f"options['seed']={gen_seed!r} must be a non-negative integer")
+        self.target_speedup, self.budget = self._episode_target(options)
+        self.prompt, self.gen_seed = prompt, int(gen_seed)
+
+        reference = self.references.get_or_create(self._reference_fields(), self._generate_reference)
+        self.reference_video, self.reference_latency = reference.video, reference.latency_s
+
+        self.denoiser.start(prompt=self.prompt, seed=self.gen_seed)
+        self.tracker.reset()
+        self._overhead_s = 0.0
+        self.used = 0
+        self.schedule: list[int] = []
+        self.projected_count = 0
+        self._last_recompute: int | None = None
+        self._features_prev = self._features_last = None
+        self._episode_active, self._ended = True, False
+        obs = self._observe()
+        info = {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
+                "target_speedup": self.target_speedup, "num_steps": self.num_steps,
+                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated}
+        return obs, info
+
+    def _episode_target(self, options) -> tuple[float | None, int]:
+        if "speedup" in options and "budget" in options:
+            raise ValueError("reset options take speedup or budget, not both")
+        if "budget" in options:
+            return None, self.budget_spec.check_budget(options["budget"])
+        if "speedup" in options:
+            rho = self.calibration.check_speedup(options["speedup"]) if _is_number(options["speedup"]) else None
+            if rho is None:
+                raise ValueError(f"options['speedup']={options['speedup']!r} must be a number")
+            return rho, self.calibration.budget_for_speedup(rho)
+        if self._budget_default is not None:
+            return None, self._budget_default
+        spec = self._speedup_spec
+        rho = spec if isinstance(spec, float) else float(self.np_random.uniform(spec[0], spec[1]))
+        return rho, self.calibration.budget_for_speedup(rho)
+
+    def _reference_fields(self) -> dict:
+        return {"model": self._fingerprint, "config": asdict(self.config), "prompt": self.prompt,
+                "seed": self.gen_seed, "dtype": str(self.dtype), "device": self.device.type}
+
+    def _generate_reference(self) -> tuple[torch.Tensor, float]:
+        video = self.denoiser.generate(schedule=None, prompt=self.prompt, seed=self.gen_seed)
+        return to_uint8(video), self.denoiser.elapsed_s
+
+    def action_masks(self) -> np.ndarray:
+        """The current feasible-action mask as booleans (sb3-contrib's MaskablePPO convention)."""
+        return self._mask.astype(bool)
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        den, i = self.denoiser, self.denoiser.step_index
+        done = den.done
+        current = latent_features(den.latents)
+        if not done:
+            self.tracker.observe(signal_input_for_step(self.signal_kind, den), den.sigma(i))
+            cache_valid = den.cache_valid(i)
+            self._mask = self.budget_spec.action_mask(i, self.used, self.budget, cache_valid)
+        else:
+            cache_valid = False
+            self._mask = np.array([1, 0], dtype=np.int8)
+        pooled, temporal = stack_features(current, self._features_prev or current, self._features_last or current)
+        n = self.num_steps
+        since = 0 if self._last_recompute is None else i - self._last_recompute
+        scalars = np.array([
+            0.0 if done else self.tracker.distance,
+            0.0 if done else self.tracker.accumulated,
+            (n - i) / n, since / n, self.used / n, self.budget / n, float(cache_valid),
+        ], dtype=np.float32)
+        self._features_cur = current
+        self._overhead_s += time.perf_counter() - t0
+        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self._mask.copy()}
+
+    def _parse_action(self, action) -> int:
+        value = action
+        if isinstance(value, np.ndarray):
+            if value.size != 1:
+                raise ValueError(f"action={action!r} must be a single value in {{0, 1}}")
+            value = value.reshape(-1)[0]
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in (0, 1):
+            raise ValueError(f"action={action!r} is invalid; valid actions: 0 (recompute) or 1 (reuse)")
+        return int(value)
+
+    def step(self, action):
+        if not self._episode_active:
+            if self._ended:
+                raise RuntimeError(f"step() called after the episode ended ({self.num_steps} of {self.num_steps} "
+                                   "steps done); call reset() to start a new episode")
+            raise RuntimeError("step() called before reset(); call reset() first")
+        requested = self._parse_action(action)
+        i = self.denoiser.step_index
+        executed, projected = self.budget_spec.project(requested, i, self.used, self.budget, self.denoiser.cache_valid(i))
+        t0 = time.perf_counter()
+        self.tracker.record(executed)
+        self._features_prev = self._features_cur
+        if executed == 0:
+            self._last_recompute = i
+            self._features_last = self._features_cur
+        self._overhead_s += time.perf_counter() - t0
+        self.denoiser.step(reuse=bool(executed))
+        self.used += executed
+        self.schedule.append(executed)
+        self.projected_count += int(projected)
+        info: dict[str, Any] = {"step": i, "action": executed, "requested_action": requested, "projected": projected,
+                                "reuses": self.used, "budget": self.budget}
+        reward, terminated = 0.0, False
+        if self.denoiser.done:
+            terminated = True
+            video = to_uint8(self.denoiser.decode())
+            self.last_video = video
+            metrics = video_metrics(video, self.reference_video, self._lpips)
+            reward = float(min(metrics["psnr"], self.r_max))
+            latency = self.denoiser.elapsed_s + self._overhead_s
+            info.update(metrics)
+            info.update({"schedule": list(self.schedule), "num_reuse": self.used, "target_speedup": self.target_speedup,
+                         "latency_s": latency, "reference_latency_s": self.reference_latency,
+                         "overhead_s": self._overhead_s, "speedup": self.reference_latency / latency,
+                         "num_projected": self.projected_count, "prompt": self.prompt, "seed": self.gen_seed})
+            self._episode_active, self._ended = False, True
+        obs = self._observe()
+        return obs, reward, terminated, False, info
+
+    def render(self):
+        """rgb_array: the middle frame of the last finished video (or of the reference before any)."""
+        video = self.last_video if self.last_video is not None else self.reference_video
+        if video is None:
+            return None
+        return video[video.shape[0] // 2].numpy()
+
+    def close(self):
+        if getattr(self, "denoiser", None) is not None:
+            self.denoiser.close()

@@ -1,0 +1,138 @@
+"""The registered model settings (paper App. A) and where each one's speedup calibration lives."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..budget import SpeedupCalibration
+from ..denoiser import DenoiserConfig
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    env_id: str
+    description: str
+    config: DenoiserConfig
+    load: Callable[..., object]  # (model_id, device, dtype) -> WanPipeline
+    train_suite: str
+    eval_suite: str
+    speedup_range: tuple[float, float]  # default per-episode target range (the paper's data ranges)
+    r_max: float
+    gpu_dtype: torch.dtype = torch.bfloat16
+    prefers_gpu: bool = True
+    model_id: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _load_wan21(model_id, device, dtype):
+    from .wan import load_wan_pipeline
+
+    return load_wan_pipeline("wan21", model_id, device, dtype)
+
+
+def _load_wan22(model_id, device, dtype):
+    from .wan import load_wan_pipeline
+
+    return load_wan_pipeline("wan22", model_id, device, dtype)
+
+
+def _load_tiny(model_id, device, dtype):
+    from .tiny import load_morca_tiny
+
+    return load_morca_tiny(device=device, dtype=dtype, directory=model_id)
+
+
+def _load_tiny_random(model_id, device, dtype):
+    from .random_wan import build_tiny_wan_pipeline
+    from .tiny_data import vocabulary
+
+    pipe = build_tiny_wan_pipeline("wan21", channels=3, layers=2, vocabulary=vocabulary())
+    return pipe.to(device) if dtype == torch.float32 else pipe.to(device=device, dtype=dtype)
+
+
+PRESETS: dict[str, ModelPreset] = {
+    "wan21": ModelPreset(
+        name="wan21", env_id="MorcaWan21-v0", description="Wan2.1-T2V-1.3B, 480p, 81 frames, UniPC shift 3",
+        config=DenoiserConfig(num_inference_steps=50, height=480, width=832, num_frames=81, guidance_scale=5.0),
+        load=_load_wan21, train_suite="vbench-train", eval_suite="vbench-eval", speedup_range=(2.0, 4.5), r_max=40.0,
+        model_id="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+    ),
+    "wan22": ModelPreset(
+        name="wan22", env_id="MorcaWan22-v0",
+        description="Wan2.2-T2V-A14B (two experts, boundary 0.875), 480p, 45 frames, DPM++ flow solver",
+        config=DenoiserConfig(num_inference_steps=50, height=480, width=832, num_frames=45, guidance_scale=4.0,
+                              guidance_scale_2=3.0),
+        load=_load_wan22, train_suite="vbench-train", eval_suite="vbench-eval", speedup_range=(1.5, 3.5), r_max=40.0,
+        model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+    ),
+    "tiny": ModelPreset(
+        name="tiny", env_id="MorcaTiny-v0", description="MorcaTiny: the packaged 8x32x32 pixel-space Wan-architecture model",
+        config=DenoiserConfig(num_inference_steps=50, height=32, width=32, num_frames=8, guidance_scale=5.0,
+                              max_sequence_length=16),
+        load=_load_tiny, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 4.5), r_max=50.0,
+        gpu_dtype=torch.float32, prefers_gpu=False,
+    ),
+    "tiny-random": ModelPreset(
+        name="tiny-random", env_id="MorcaTinyRandom-v0",
+        description="random-weights tiny Wan pipeline (4x16x16 pixels, 20 steps): tests and smoke runs only",
+        config=DenoiserConfig(num_inference_steps=20, height=16, width=16, num_frames=4, guidance_scale=5.0,
+                              max_sequence_length=16),
+        load=_load_tiny_random, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.0),
+        r_max=50.0, gpu_dtype=torch.float32, prefers_gpu=False,
+    ),
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+# ------------------------------------------------------------------ calibration
+def user_calibration_dir() -> Path:
+    root = os.environ.get("MORCA_CACHE_DIR") or Path.home() / ".cache" / "morca"
+    return Path(root) / "calibration"
+
+
+def packaged_calibration_path(name: str) -> Path:
+    return Path(str(resources.files("morca_env"))) / "calibration" / f"{name}.json"
+
+
+_warned: set[str] = set()
+
+
+def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
+    """The calibration `scripts/calibrate.py` saved for this machine, else the packaged one, else the ideal model.
+
+    A calibration made for another step count is rescaled (alpha, beta proportional
+    to N, since each step costs the same) with a one-time warning.
+    """
+    for path in (user_calibration_dir() / f"{name}.json", packaged_calibration_path(name)):
+        if path.is_file():
+            calib = SpeedupCalibration.from_json(path)
+            break
+    else:
+        if name not in _warned:
+            warnings.warn(f"no speedup calibration for {name!r}; using the ideal model K = N (1 - 1/rho). "
+                          "Run scripts/calibrate.py to measure one.", stacklevel=3)
+            _warned.add(name)
+        return SpeedupCalibration(alpha=float(num_steps), beta=float(num_steps), max_budget=max_budget,
+                                  source="ideal model (uncalibrated)")
+    steps = calib.num_steps or num_steps
+    if steps != num_steps:
+        scale = num_steps / steps
+        if (name, num_steps) not in _warned:
+            warnings.warn(f"calibration for {name!r} was made at {steps} steps; rescaling to {num_steps}", stacklevel=3)
+            _warned.add((name, num_steps))
+        calib = replace(calib, alpha=calib.alpha * scale, beta=calib.beta * scale, num_steps=num_steps,
+                        source=f"{calib.source} (rescaled from {steps} steps)")
+    return replace(calib, max_budget=max_budget)

@@ -1,0 +1,95 @@
+"""Prompt suites: named lists of prompts, optionally with fixed generation seeds.
+
+* ``vbench-eval``: a fixed 200-prompt evaluation split of the 944 VBench prompts
+  (the paper evaluates on 200 VBench prompts), each with a fixed seed;
+* ``vbench-train``: the remaining 744 prompts (seeds drawn per episode);
+* ``vbench-all``: all 944;
+* ``tiny-train`` / ``tiny-eval``: MorcaTiny's prompt grammar (see ``morca_env.models.tiny``).
+
+The split is a seeded permutation of the packaged prompt file, so it is the
+same on every machine and never reads anything outside the installed package.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Sequence
+
+import numpy as np
+
+VBENCH_EVAL_SIZE = 200
+_SPLIT_SEED = 2610_10457
+
+
+@dataclass(frozen=True)
+class PromptSuite:
+    name: str
+    prompts: tuple[str, ...]
+    seeds: tuple[int, ...] | None = None  # fixed seed per prompt (evaluation suites)
+
+    def __post_init__(self):
+        if not self.prompts:
+            raise ValueError(f"prompt suite {self.name!r} is empty")
+        if self.seeds is not None and len(self.seeds) != len(self.prompts):
+            raise ValueError("seeds must match prompts one to one")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def sample(self, rng: np.random.Generator) -> tuple[str, int]:
+        """A (prompt, generation seed) pair."""
+        i = int(rng.integers(len(self.prompts)))
+        seed = self.seeds[i] if self.seeds is not None else int(rng.integers(2**31 - 1))
+        return self.prompts[i], seed
+
+    def pairs(self) -> list[tuple[str, int]]:
+        seeds = self.seeds if self.seeds is not None else tuple(range(len(self.prompts)))
+        return list(zip(self.prompts, seeds))
+
+
+@lru_cache(maxsize=1)
+def vbench_prompts() -> tuple[str, ...]:
+    data = json.loads(resources.files("morca_env.data_files").joinpath("vbench_prompts.json").read_text())
+    return tuple(item["prompt"] for item in data)
+
+
+def _vbench_split() -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(_SPLIT_SEED).permutation(len(vbench_prompts()))
+    return np.sort(order[:VBENCH_EVAL_SIZE]), np.sort(order[VBENCH_EVAL_SIZE:])
+
+
+def _builtin(name: str) -> PromptSuite:
+    if name.startswith("vbench-"):
+        prompts = vbench_prompts()
+        eval_idx, train_idx = _vbench_split()
+        if name == "vbench-all":
+            return PromptSuite(name, prompts)
+        if name == "vbench-eval":
+            seeds = tuple(int(s) for s in np.random.default_rng(_SPLIT_SEED + 1).integers(0, 2**31 - 1, len(eval_idx)))
+            return PromptSuite(name, tuple(prompts[i] for i in eval_idx), seeds)
+        if name == "vbench-train":
+            return PromptSuite(name, tuple(prompts[i] for i in train_idx))
+    if name.startswith("tiny-"):
+        from .models.tiny_data import tiny_prompt_suite
+
+        return tiny_prompt_suite(name)
+    raise KeyError(name)
+
+
+SUITE_NAMES = ("vbench-train", "vbench-eval", "vbench-all", "tiny-train", "tiny-eval")
+
+
+def get_suite(prompts: str | Sequence[str] | PromptSuite) -> PromptSuite:
+    """Resolve the env's `prompts` argument: a suite name, a list of prompts, or a suite."""
+    if isinstance(prompts, PromptSuite):
+        return prompts
+    if isinstance(prompts, str):
+        if prompts not in SUITE_NAMES:
+            raise ValueError(f"unknown prompt suite {prompts!r}; valid suites: {', '.join(SUITE_NAMES)} (or pass a list of prompts)")
+        return _builtin(prompts)
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(p, str) and p.strip() for p in prompts):
+        return PromptSuite("custom", tuple(prompts))
+    raise ValueError(f"prompts={prompts!r} must be a suite name ({', '.join(SUITE_NAMES)}) or a non-empty list of non-empty strings")

@@ -1,0 +1,93 @@
+"""Measure latency against the reuse budget K and fit K = alpha - beta / rho (paper Fig. 3).
+
+    python scripts/calibrate.py --env MorcaTiny-v0                  # saves to ~/.cache/morca/calibration/
+    python scripts/calibrate.py --env MorcaWan21-v0 --repeats 2     # on a GPU with the weights
+    python scripts/calibrate.py --env MorcaTiny-v0 --packaged       # update the package default
+
+rho = T_full / T(K): T_full is the stock no-cache generation (no scheduler
+inputs computed), T(K) an env episode with a uniform K-reuse schedule (cache
+hooks, SeaCache signal and latent features included). Budgets are measured in
+interleaved rounds so that machine noise spreads over all of them; the median
+per K is fitted. The env picks the fit up automatically (user file first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import morca_env  # noqa: F401
+from morca_env.budget import SpeedupCalibration
+from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
+from morca_env.policies import UniformInterval
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="MorcaTiny-v0", help="registered env id")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of extra env kwargs")
+    p.add_argument("--budgets", type=int, nargs="*", help="K values (default: 0 and 8 more up to K_max)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over all budgets")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
+    p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kwargs = {"lpips": False, **json.loads(args.env_kwargs)}
+    env = gym.make(args.env, budget=0, **kwargs).unwrapped
+    spec = env.budget_spec
+    budgets = args.budgets or sorted({0, *np.linspace(0, spec.max_budget, 9).round().astype(int).tolist()})
+    prompts = env.suite.pairs()
+    policy = UniformInterval()
+    samples: dict[int, list[float]] = {k: [] for k in budgets}
+    full: list[float] = []
+    bar = tqdm(total=args.repeats * (len(budgets) + 1), desc=f"calibrate {args.env}", unit="episode")
+    for round_index in range(args.repeats):
+        prompt, seed = prompts[round_index % len(prompts)]
+        env.denoiser.generate(prompt=prompt, seed=seed)  # warm-up, and the stock no-cache latency
+        full.append(env.denoiser.elapsed_s)
+        bar.update()
+        for k in budgets:
+            obs, info = env.reset(options={"prompt": prompt, "seed": seed, "budget": k})
+            policy.reset(obs, info)
+            done = False
+            while not done:
+                obs, _, done, _, info = env.step(policy(obs))
+            samples[k].append(info["latency_s"])
+            bar.update()
+    bar.close()
+    t_full = float(np.median(full))
+    median = {k: float(np.median(v)) for k, v in samples.items()}
+    calib = SpeedupCalibration.fit(
+        budgets, [median[k] for k in budgets], max_budget=spec.max_budget, num_steps=env.num_steps,
+        full_latency_s=t_full,
+        source=f"scripts/calibrate.py on {platform.node()} ({'cuda' if env.device.type == 'cuda' else 'cpu'}, "
+               f"{args.threads} threads) {time.strftime('%Y-%m-%d')}")
+    print(f"\nT_full (stock, no cache) = {t_full:.3f} s")
+    print(f"{'K':>4} {'latency s':>10} {'speedup':>8} {'fit speedup':>11}")
+    for k in budgets:
+        print(f"{k:>4} {median[k]:>10.3f} {t_full / median[k]:>8.3f} {calib.speedup_of_budget(k):>11.3f}")
+    print(f"fit: K = {calib.alpha:.3f} - {calib.beta:.3f} / rho   (feasible speedups 1.00 - {calib.speedup_range[1]:.2f})")
+    name = env.preset.name
+    out = args.out or (packaged_calibration_path(name) if args.packaged else user_calibration_dir() / f"{name}.json")
+    calib.to_json(out)
+    print(f"saved to {out}")
+    env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
