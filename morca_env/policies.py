@@ -1,0 +1,177 @@
+"""Rule schedulers from the caching literature, as policies over MorcaEnv's observations.
+
+Every policy follows one small protocol, also met by trained agents:
+
+    policy.reset(obs, info)      # start of an episode (info from env.reset)
+    action = policy(obs)         # 0 = recompute, 1 = reuse; always feasible under obs["action_mask"]
+
+Step index, budget and accumulated distance are read from the observation's
+scalars (t = remaining / N, K / N, D_t), so the policies work on any env id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .budget import BudgetSpec
+
+D_INDEX, T_INDEX, U_INDEX, K_INDEX = 1, 2, 4, 5
+
+
+def step_index(obs, num_steps: int) -> int:
+    return int(round(num_steps * (1.0 - float(obs["scalars"][T_INDEX]))))
+
+
+def feasible(action: int, obs) -> int:
+    """`action` if the mask allows it, else the other (feasible) one."""
+    return int(action) if obs["action_mask"][int(action)] else 1 - int(action)
+
+
+class _FixedSchedule:
+    """Base for policies that fix the whole schedule at reset."""
+
+    def reset(self, obs, info) -> None:
+        self.num_steps = info["num_steps"]
+        self.spec = BudgetSpec(self.num_steps, frozenset(info["forced_steps"]))
+        self.schedule = self.plan(self.spec, info["budget"])
+
+    def plan(self, spec: BudgetSpec, budget: int) -> list[int]:
+        raise NotImplementedError
+
+    def __call__(self, obs) -> int:
+        return feasible(self.schedule[step_index(obs, self.num_steps)], obs)
+
+
+class UniformInterval(_FixedSchedule):
+    """K reuses spread as evenly as possible over the free (non-forced) steps."""
+
+    def plan(self, spec, budget):
+        free = [i for i in range(spec.num_steps) if i not in spec.forced]
+        schedule = [0] * spec.num_steps
+        if budget:
+            # the K positions of an even grid over the free steps, keeping recomputes evenly spaced too
+            picks = np.floor((np.arange(budget) + 0.5) * len(free) / budget).astype(int)
+            for p in picks:
+                schedule[free[p]] = 1
+        return schedule
+
+
+class RandomFeasible(_FixedSchedule):
+    """A schedule drawn uniformly among those with exactly K reuses on free steps."""
+
+    def __init__(self, seed: int | None = None):
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, spec, budget):
+        free = [i for i in range(spec.num_steps) if i not in spec.forced]
+        schedule = [0] * spec.num_steps
+        for i in self.rng.choice(free, size=budget, replace=False):
+            schedule[int(i)] = 1
+        return schedule
+
+
+class SeaCacheThreshold:
+    """SeaCache's rule: reuse while the accumulated filtered distance D_t stays below `delta`.
+
+    Under an exact budget the mask overrides the rule where it must (it then
+    behaves like SeaCache clipped to K reuses). Paper Table 7 deltas for Wan2.1:
+    0.28 / 0.47 / 0.7 at about 2.4x / 3.0x / 4.0x.
+    """
+
+    def __init__(self, delta: float):
+        if not delta >= 0:
+            raise ValueError(f"delta={delta!r} must be a non-negative threshold")
+        self.delta = float(delta)
+
+    def reset(self, obs, info) -> None:
+        pass
+
+    def __call__(self, obs) -> int:
+        return feasible(int(obs["scalars"][D_INDEX] < self.delta), obs)
+
+
+def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float, forced, stop_above: int | None = None):
+    """Run SeaCache's plain threshold rule (no budget) and return its schedule.
+
+    With `stop_above`, the run stops as soon as it has made more reuses than that
+    (the returned schedule is then partial and has `stop_above + 1` reuses).
+    """
+    from .signals import StepDistanceTracker, signal_input_for_step
+
+    tracker = StepDistanceTracker(kind=kind)
+    denoiser.start(prompt=prompt, seed=seed)
+    schedule: list[int] = []
+    while not denoiser.done:
+        i = denoiser.step_index
+        tracker.observe(signal_input_for_step(kind, denoiser), denoiser.sigma(i))
+        action = int(i not in forced and denoiser.cache_valid(i) and tracker.accumulated < delta)
+        tracker.record(action)
+        denoiser.step(reuse=bool(action))
+        schedule.append(action)
+        if stop_above is not None and sum(schedule) > stop_above:
+            break
+    return schedule
+
+
+class SeaCacheExactBudget(_FixedSchedule):
+    """SeaCache with the per-episode threshold that yields exactly K reuses (bisection on replays).
+
+    A fairer baseline than one global threshold: each video gets the delta that
+    spends its budget exactly. Replays run on the env's own pipeline (a second
+    denoiser sharing its cache hooks) before the episode's first step. When no
+    delta gives exactly K (the reuse count can jump), the closest schedule is
+    played and the mask adjusts it to K. Costs up to `iterations` generations per episode.
+    """
+
+    def __init__(self, env, iterations: int = 12):
+        self.env = env.unwrapped
+        self.iterations = iterations
+        self._denoiser = None
+        self.last_delta: float | None = None
+        self.replays = 0
+
+    def reset(self, obs, info) -> None:
+        from .denoiser import StepwiseDenoiser
+
+        if self._denoiser is None:
+            self._denoiser = StepwiseDenoiser(self.env.pipe, self.env.config, device=self.env.device)
+        self.prompt, self.seed = info["prompt"], info["seed"]
+        super().reset(obs, info)
+
+    def _run(self, delta: float, budget: int) -> list[int]:
+        self.replays += 1
+        return seacache_free_run(self._denoiser, self.env.signal_kind, self.prompt, self.seed, delta,
+                                 self.spec.forced, stop_above=budget)
+
+    def plan(self, spec, budget):
+        if budget == 0:
+            self.last_delta = 0.0
+            return [0] * spec.num_steps
+        best: tuple[int, float, list[int]] | None = None
+
+        def consider(delta):
+            nonlocal best
+            schedule = self._run(delta, budget)
+            reuses = sum(schedule)
+            if best is None or abs(reuses - budget) < best[0]:
+                best = (abs(reuses - budget), delta, schedule)
+            return reuses
+
+        lo, hi = 0.0, 0.05
+        while consider(hi) < budget and hi < 1e6:
+            lo, hi = hi, hi * 4
+        for _ in range(self.iterations):
+            if best[0] == 0:
+                break
+            mid = (lo + hi) / 2
+            if consider(mid) < budget:
+                lo = mid
+            else:
+                hi = mid
+        _, self.last_delta, schedule = best
+        return (schedule + [0] * spec.num_steps)[:spec.num_steps]
+
+    def close(self) -> None:
+        if self._denoiser is not None:
+            self._denoiser.close()
+            self._denoiser = None

@@ -1,0 +1,52 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import morca_env  # noqa: F401
+from morca_env.budget import BudgetSpec, forced_recompute_steps
+from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, UniformInterval
+
+
+def play(env, policy, seed=0, options=None):
+    obs, info = env.reset(seed=seed, options=options)
+    policy.reset(obs, info)
+    done = False
+    while not done:
+        obs, reward, done, _, info = env.step(policy(obs))
+        assert not info["projected"], "rule policies must respect the mask"
+    return info
+
+
+@pytest.fixture
+def env(tmp_path):
+    return gym.make("MorcaTinyRandom-v0", budget=8, num_inference_steps=20, lpips=False,
+                    reference_cache_dir=str(tmp_path))
+
+
+def test_uniform_interval_spreads_reuses_evenly():
+    spec = BudgetSpec(12, forced_recompute_steps(12))
+    assert UniformInterval().plan(spec, 5) == [0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0]
+    assert UniformInterval().plan(spec, 3) == [0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 0, 0]
+    assert UniformInterval().plan(spec, 10) == [0] + [1] * 10 + [0]
+    assert UniformInterval().plan(spec, 0) == [0] * 12
+
+
+def test_random_feasible_is_seeded_and_exact():
+    spec = BudgetSpec(20, forced_recompute_steps(20, 7))
+    a, b = RandomFeasible(3).plan(spec, 9), RandomFeasible(3).plan(spec, 9)
+    assert a == b and sum(a) == 9 and a[0] == a[7] == a[19] == 0
+
+
+@pytest.mark.parametrize("policy", [UniformInterval(), RandomFeasible(1), SeaCacheThreshold(0.3)])
+def test_rule_policies_respect_the_mask(env, policy):
+    info = play(env, policy)
+    assert info["num_reuse"] == 8
+
+
+def test_seacache_exact_budget_finds_the_threshold(env):
+    policy = SeaCacheExactBudget(env)
+    info = play(env, policy)
+    threshold_info = play(env, SeaCacheThreshold(policy.last_delta))
+    assert info["schedule"] == threshold_info["schedule"]  # the same threshold, replayed through the env
+    assert sum(info["schedule"]) == 8
+    policy.close()
