@@ -88,9 +88,15 @@ class BudgetSpec:
         recompute_ok = remaining <= self.free_after(step)
         return np.array([recompute_ok, reuse_ok], dtype=np.int8)
 
-    def project(self, action: int, step: int, used: int, budget: int, cache_valid: bool = True) -> tuple[int, bool]:
+    def unconstrained_mask(self, step: int, cache_valid: bool = True) -> np.ndarray:
+        """Mask without a budget (data collection): only forced steps and a missing cache forbid reuse."""
+        return np.array([1, step not in self.forced and cache_valid], dtype=np.int8)
+
+    def project(self, action: int, step: int, used: int, budget: int, cache_valid: bool = True,
+                enforce_budget: bool = True) -> tuple[int, bool]:
         """Return (executed action, was_projected): the requested action if feasible, else the feasible one."""
-        mask = self.action_mask(step, used, budget, cache_valid)
+        mask = (self.action_mask(step, used, budget, cache_valid) if enforce_budget
+                else self.unconstrained_mask(step, cache_valid))
         if mask[action]:
             return int(action), False
         other = 1 - int(action)

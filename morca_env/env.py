@@ -98,7 +98,9 @@ class MorcaEnv(gym.Env):
     `speedup`, `budget`, `prompts` (suite name or list), `num_inference_steps`,
     `height`, `width`, `num_frames`, `guidance_scale`, `guidance_scale_2`,
     `negative_prompt`, `r_max`, `device`, `dtype`, `pipeline`, `model_id`,
-    `reference_cache_dir`, `lpips`, `signal` ("official" or "latent"), `calibration`.
+    `reference_cache_dir`, `lpips`, `signal` ("official" or "latent"), `calibration`,
+    `enforce_budget` (default True; False only forbids reuse on forced steps, for
+    behaviour-data collection whose episodes are relabelled with their realised K).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -126,6 +128,7 @@ class MorcaEnv(gym.Env):
         lpips: bool = True,
         signal: str = "official",
         calibration: SpeedupCalibration | str | None = None,
+        enforce_budget: bool = True,
         render_mode: str | None = None,
     ):
         super().__init__()
@@ -167,6 +170,7 @@ class MorcaEnv(gym.Env):
         self.calibration = calibration or load_calibration(self.preset.name, self.num_steps, self.budget_spec.max_budget)
         self.calibration = replace(self.calibration, max_budget=self.budget_spec.max_budget)
         self._speedup_spec, self._budget_default = self._validate_target(speedup, budget)
+        self.enforce_budget = bool(enforce_budget)
 
         self.references = ReferenceCache(reference_cache_dir)
         self._fingerprint = self._pipeline_fingerprint()
@@ -329,7 +333,8 @@ class MorcaEnv(gym.Env):
         if not done:
             self.tracker.observe(signal_input_for_step(self.signal_kind, den), den.sigma(i))
             cache_valid = den.cache_valid(i)
-            self._mask = self.budget_spec.action_mask(i, self.used, self.budget, cache_valid)
+            self._mask = (self.budget_spec.action_mask(i, self.used, self.budget, cache_valid) if self.enforce_budget
+                          else self.budget_spec.unconstrained_mask(i, cache_valid))
         else:
             cache_valid = False
             self._mask = np.array([1, 0], dtype=np.int8)
@@ -365,7 +370,8 @@ class MorcaEnv(gym.Env):
             raise RuntimeError("step() called before reset(); call reset() first")
         requested = self._parse_action(action)
         i = self.denoiser.step_index
-        executed, projected = self.budget_spec.project(requested, i, self.used, self.budget, self.denoiser.cache_valid(i))
+        executed, projected = self.budget_spec.project(requested, i, self.used, self.budget,
+                                                       self.denoiser.cache_valid(i), self.enforce_budget)
         t0 = time.perf_counter()
         self.tracker.record(executed)
         self._features_prev = self._features_cur

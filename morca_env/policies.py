@@ -175,3 +175,96 @@ class SeaCacheExactBudget(_FixedSchedule):
         if self._denoiser is not None:
             self._denoiser.close()
             self._denoiser = None
+
+
+class ThresholdMap:
+    """g(rho): the global SeaCache threshold whose mean realised speedup is rho (interpolated in log delta).
+
+    Built from (speedup, threshold) pairs measured by `scripts/calibrate.py --thresholds`
+    (or, for Wan2.1 / Wan2.2, the paper's Table 7 settings).
+    """
+
+    def __init__(self, speedups, thresholds, source: str = "unspecified"):
+        order = np.argsort(speedups)
+        self.speedups = np.asarray(speedups, dtype=float)[order]
+        self.thresholds = np.asarray(thresholds, dtype=float)[order]
+        if len(self.speedups) < 2 or np.any(self.thresholds <= 0) or np.any(np.diff(self.speedups) <= 0):
+            raise ValueError("a threshold map needs >= 2 points with distinct speedups and positive thresholds")
+        self.source = source
+
+    def __call__(self, speedup: float) -> float:
+        log_delta = np.log(self.thresholds)
+        x, y = self.speedups, log_delta
+        if speedup <= x[0]:
+            slope = (y[1] - y[0]) / (x[1] - x[0])
+            return float(np.exp(y[0] + slope * (speedup - x[0])))
+        if speedup >= x[-1]:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            return float(np.exp(y[-1] + slope * (speedup - x[-1])))
+        return float(np.exp(np.interp(speedup, x, y)))
+
+    def to_dict(self) -> dict:
+        return {"speedups": self.speedups.tolist(), "thresholds": self.thresholds.tolist(), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ThresholdMap":
+        return cls(data["speedups"], data["thresholds"], data.get("source", "unspecified"))
+
+
+def smoothstep_curve(num_steps: int, positions, values) -> np.ndarray:
+    """Piecewise cubic smoothstep (3s^2 - 2s^3) through (position, value) knots, flat outside them."""
+    positions, values = np.asarray(positions, dtype=float), np.asarray(values, dtype=float)
+    steps = np.arange(num_steps, dtype=float)
+    curve = np.empty(num_steps)
+    curve[steps <= positions[0]] = values[0]
+    curve[steps >= positions[-1]] = values[-1]
+    for (p0, v0), (p1, v1) in zip(zip(positions[:-1], values[:-1]), zip(positions[1:], values[1:])):
+        inside = (steps >= p0) & (steps <= p1)
+        s = (steps[inside] - p0) / (p1 - p0)
+        curve[inside] = v0 + (v1 - v0) * (3 * s**2 - 2 * s**3)
+    return curve
+
+
+class ThresholdCurve:
+    """The paper's behaviour policy (App. B.3): SeaCache with a random smooth threshold curve.
+
+    Per episode: the mean level mu = g(rho*) from the episode's target speedup
+    (info["target_speedup"], or one drawn from `speedup_range`); an amplitude
+    A ~ U(amplitude); 2-5 random reference steps with relative values in [-1, 1]
+    joined by cubic smoothstep; delta_i = mu (1 + A shape_i), then clipped to
+    [min_ratio mu, max_ratio mu] and to a per-step change of at most
+    max_step_change mu. Reuse while D_t < delta_i; the mask always wins.
+    """
+
+    def __init__(self, threshold_map: ThresholdMap, speedup_range=(1.5, 4.5), amplitude=(0.0, 0.9),
+                 num_references=(2, 5), min_ratio=0.1, max_ratio=3.0, max_step_change=0.25, seed=None):
+        self.g = threshold_map
+        self.speedup_range = speedup_range
+        self.amplitude = amplitude
+        self.num_references = num_references
+        self.min_ratio, self.max_ratio, self.max_step_change = min_ratio, max_ratio, max_step_change
+        self.rng = np.random.default_rng(seed)
+        self.curve: np.ndarray | None = None
+
+    def sample_curve(self, num_steps: int, speedup: float) -> np.ndarray:
+        mu = self.g(speedup)
+        amplitude = self.rng.uniform(*self.amplitude)
+        count = int(self.rng.integers(self.num_references[0], self.num_references[1] + 1))
+        positions = np.sort(self.rng.choice(num_steps, size=min(count, num_steps), replace=False))
+        values = self.rng.uniform(-1, 1, size=len(positions))
+        curve = mu * (1 + amplitude * smoothstep_curve(num_steps, positions, values))
+        curve = np.clip(curve, self.min_ratio * mu, self.max_ratio * mu)
+        limit = self.max_step_change * mu  # smoothness: bounded change per step, applied forward
+        for i in range(1, num_steps):
+            curve[i] = np.clip(curve[i], curve[i - 1] - limit, curve[i - 1] + limit)
+        return curve
+
+    def reset(self, obs, info) -> None:
+        self.num_steps = info["num_steps"]
+        speedup = info.get("target_speedup") or float(self.rng.uniform(*self.speedup_range))
+        self.speedup = speedup
+        self.curve = self.sample_curve(self.num_steps, speedup)
+
+    def __call__(self, obs) -> int:
+        i = min(step_index(obs, self.num_steps), self.num_steps - 1)
+        return feasible(int(obs["scalars"][D_INDEX] < self.curve[i]), obs)

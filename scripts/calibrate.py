@@ -3,12 +3,18 @@
     python scripts/calibrate.py --env MorcaTiny-v0                  # saves to ~/.cache/morca/calibration/
     python scripts/calibrate.py --env MorcaWan21-v0 --repeats 2     # on a GPU with the weights
     python scripts/calibrate.py --env MorcaTiny-v0 --packaged       # update the package default
+    python scripts/calibrate.py --env MorcaTiny-v0 --thresholds     # SeaCache threshold -> speedup map g(rho)
 
 rho = T_full / T(K): T_full is the stock no-cache generation (no scheduler
 inputs computed), T(K) an env episode with a uniform K-reuse schedule (cache
 hooks, SeaCache signal and latent features included). Budgets are measured in
 interleaved rounds so that machine noise spreads over all of them; the median
 per K is fitted. The env picks the fit up automatically (user file first).
+
+`--thresholds` instead runs plain SeaCache (no budget) for a grid of thresholds
+on training prompts and records the mean realised K, converted to a speedup with
+the env's calibration: the map g(rho) used by the threshold-curve behaviour
+policy and by the global-threshold SeaCache baseline (`<model>_threshold.json`).
 """
 
 from __future__ import annotations
@@ -40,13 +46,58 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
     p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
+    p.add_argument("--thresholds", action="store_true", help="fit the SeaCache threshold -> speedup map instead")
+    p.add_argument("--prompts", type=int, default=8, help="training prompts per threshold (--thresholds)")
     return p.parse_args(argv)
+
+
+def calibrate_thresholds(args, kwargs) -> int:
+    from morca_env.policies import SeaCacheThreshold, ThresholdMap
+
+    env = gym.make(args.env, budget=0, enforce_budget=False, **kwargs).unwrapped
+    rng = np.random.default_rng(0)
+    pairs = [env.suite.sample(rng) for _ in range(args.prompts)]
+    deltas = np.geomspace(0.01, 4.0, 16)
+    rows = []
+    for delta in tqdm(deltas, desc=f"thresholds {args.env}", unit="threshold"):
+        policy = SeaCacheThreshold(float(delta))
+        budgets = []
+        for prompt, seed in pairs:
+            obs, info = env.reset(options={"prompt": prompt, "seed": seed})
+            policy.reset(obs, info)
+            done = False
+            while not done:
+                obs, _, done, _, info = env.step(policy(obs))
+            budgets.append(info["num_reuse"])
+        k = float(np.mean(budgets))
+        rows.append((float(delta), k, env.calibration.speedup_of_budget(k)))
+    print(f"{'delta':>8} {'mean K':>7} {'speedup':>8}")
+    for delta, k, rho in rows:
+        print(f"{delta:>8.4f} {k:>7.2f} {rho:>8.3f}")
+    speedups, thresholds = [], []
+    for delta, k, rho in rows:  # keep a strictly increasing, finite part of the curve
+        if np.isfinite(rho) and (not speedups or rho > speedups[-1] + 1e-6) and k < env.budget_spec.max_budget:
+            speedups.append(rho)
+            thresholds.append(delta)
+    name = env.preset.name
+    tmap = ThresholdMap(speedups, thresholds, source=f"scripts/calibrate.py --thresholds, {args.prompts} prompts, "
+                                                      f"{time.strftime('%Y-%m-%d')}")
+    out = args.out or (packaged_calibration_path(f"{name}_threshold") if args.packaged
+                       else user_calibration_dir() / f"{name}_threshold.json")
+    from morca_env.io import atomic_write_text
+
+    atomic_write_text(out, json.dumps(tmap.to_dict(), indent=2) + "\n")
+    print(f"saved to {out}")
+    env.close()
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     kwargs = {"lpips": False, **json.loads(args.env_kwargs)}
+    if args.thresholds:
+        return calibrate_thresholds(args, kwargs)
     env = gym.make(args.env, budget=0, **kwargs).unwrapped
     spec = env.budget_spec
     budgets = args.budgets or sorted({0, *np.linspace(0, spec.max_budget, 9).round().astype(int).tolist()})

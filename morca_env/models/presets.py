@@ -110,16 +110,36 @@ def packaged_calibration_path(name: str) -> Path:
 _warned: set[str] = set()
 
 
+def find_calibration_file(filename: str) -> Path | None:
+    """The user's calibration file (written by scripts/calibrate.py) if any, else the packaged one."""
+    for path in (user_calibration_dir() / filename, packaged_calibration_path(filename.removesuffix(".json"))):
+        if path.is_file():
+            return path
+    return None
+
+
+def load_threshold_map(name: str):
+    """g(rho) for the threshold-curve behaviour policy and the global-threshold SeaCache baseline."""
+    import json
+
+    from ..policies import ThresholdMap
+
+    path = find_calibration_file(f"{name}_threshold.json")
+    if path is None:
+        raise FileNotFoundError(f"no threshold map for {name!r}; run `python scripts/calibrate.py --thresholds` "
+                                "for this env")
+    return ThresholdMap.from_dict(json.loads(path.read_text()))
+
+
 def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
     """The calibration `scripts/calibrate.py` saved for this machine, else the packaged one, else the ideal model.
 
     A calibration made for another step count is rescaled (alpha, beta proportional
     to N, since each step costs the same) with a one-time warning.
     """
-    for path in (user_calibration_dir() / f"{name}.json", packaged_calibration_path(name)):
-        if path.is_file():
-            calib = SpeedupCalibration.from_json(path)
-            break
+    path = find_calibration_file(f"{name}.json")
+    if path is not None:
+        calib = SpeedupCalibration.from_json(path)
     else:
         if name not in _warned:
             warnings.warn(f"no speedup calibration for {name!r}; using the ideal model K = N (1 - 1/rho). "

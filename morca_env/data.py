@@ -1,0 +1,450 @@
+"""Offline trajectories: crash-safe collection into Minari datasets, and Minari -> d3rlpy conversion.
+
+Collection runs the env in budget-free mode (`enforce_budget=False`) with a
+behaviour policy (the paper's random threshold curves by default), then relabels
+every episode with its realised reuse count K, so that each recorded `K`, `u_t`
+and `action_mask` is consistent with the recorded actions (paper App. B.3).
+
+Crash safety: each finished episode is committed as its own file in a staging
+directory (atomic write), keyed by episode index; `resume=True` skips the
+indices already there. Only when all episodes exist is the Minari dataset built,
+in a hidden directory that is then renamed into place. A `kill -9` therefore
+loses at most the episodes in flight, and a finished dataset is replaced only
+with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
+behaviour RNG, so the data do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from .budget import BudgetSpec
+from .io import atomic_path, atomic_write_text
+
+FEATURE_KEYS = ("pooled", "temporal")
+SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
+U_INDEX, K_INDEX, VALID_INDEX = 4, 5, 6
+
+
+# ------------------------------------------------------------------ recipes
+@dataclass
+class CollectionRecipe:
+    """Everything that defines a dataset; stored in its metadata and checked on resume."""
+
+    dataset_id: str
+    env_id: str
+    num_episodes: int
+    env_kwargs: dict = field(default_factory=dict)
+    behavior: dict = field(default_factory=lambda: {"name": "threshold-curve"})
+    seed: int = 0
+    feature_dtype: str = "float16"
+    description: str = ""
+    author: str = "MORCA gym"
+    code_permalink: str = "https://github.com/morca-gym/morca-gym"
+    algorithm_name: str = "threshold-curve SeaCache (MORCA App. B.3)"
+
+    def __post_init__(self):
+        if isinstance(self.num_episodes, bool) or not isinstance(self.num_episodes, int) or self.num_episodes < 1:
+            raise ValueError(f"num_episodes={self.num_episodes!r} must be a positive integer")
+        if self.feature_dtype not in ("float16", "float32"):
+            raise ValueError(f"feature_dtype={self.feature_dtype!r}; valid: float16, float32")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "CollectionRecipe":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def identity(self) -> dict:
+        """The fields that must match for a resumed collection to continue the same data."""
+        return {"env_id": self.env_id, "env_kwargs": self.env_kwargs, "behavior": self.behavior, "seed": self.seed,
+                "feature_dtype": self.feature_dtype}
+
+
+def staging_root() -> Path:
+    root = os.environ.get("MORCA_CACHE_DIR") or Path.home() / ".cache" / "morca"
+    return Path(root) / "collect"
+
+
+def minari_root() -> Path:
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    return get_dataset_path()
+
+
+# ------------------------------------------------------------------ behaviour
+def make_behavior(spec: dict, env, seed: int):
+    """Build a behaviour policy from its recipe entry: threshold-curve, random, uniform or seacache."""
+    from . import policies
+    from .models.presets import load_threshold_map
+
+    name = spec.get("name")
+    options = {k: v for k, v in spec.items() if k != "name"}
+    if name == "threshold-curve":
+        threshold_map = load_threshold_map(env.unwrapped.preset.name)
+        if "speedup_range" in options:
+            options["speedup_range"] = tuple(options["speedup_range"])
+        return policies.ThresholdCurve(threshold_map, seed=seed, **options)
+    if name == "random":
+        return policies.RandomFeasible(seed=seed)
+    if name == "uniform":
+        return policies.UniformInterval()
+    if name == "seacache":
+        return policies.SeaCacheThreshold(**options)
+    raise ValueError(f"unknown behaviour {name!r}; valid: threshold-curve, random, uniform, seacache")
+
+
+# ------------------------------------------------------------------ one episode
+def relabel(observations: dict[str, np.ndarray], actions: np.ndarray, spec: BudgetSpec) -> dict[str, np.ndarray]:
+    """Set K to the realised reuse count and recompute every mask from (t, u_t, K, cache_valid)."""
+    budget = int(actions.sum())
+    n = spec.num_steps
+    scalars = observations["scalars"].copy()
+    masks = observations["action_mask"].copy()
+    scalars[:, K_INDEX] = budget / n
+    used = np.concatenate([[0], np.cumsum(actions)])
+    for t in range(n):
+        masks[t] = spec.action_mask(t, int(used[t]), budget, bool(scalars[t, VALID_INDEX] > 0.5))
+        assert masks[t][actions[t]], f"relabelled mask forbids the recorded action at step {t}"
+    return {**observations, "scalars": scalars, "action_mask": masks}
+
+
+def run_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, Any]:
+    """One behaviour episode, relabelled, as arrays ready for an episode file."""
+    obs, info = env.reset(seed=recipe.seed + index)
+    policy.reset(obs, info)
+    observations = {k: [v] for k, v in obs.items()}
+    actions, rewards = [], []
+    done = False
+    while not done:
+        obs, reward, done, truncated, step_info = env.step(policy(obs))
+        if truncated:
+            raise RuntimeError("MorcaEnv episodes never truncate")
+        actions.append(step_info["action"])
+        rewards.append(reward)
+        for k, v in obs.items():
+            observations[k].append(v)
+    observations = {k: np.stack(v) for k, v in observations.items()}
+    actions = np.asarray(actions, dtype=np.int64)
+    observations = relabel(observations, actions, env.unwrapped.budget_spec)
+    dtype = np.float16 if recipe.feature_dtype == "float16" else np.float32
+    for key in FEATURE_KEYS:
+        observations[key] = observations[key].astype(dtype)
+    meta = {"prompt": info["prompt"], "seed": info["seed"], "budget": int(actions.sum()),
+            "target_speedup": info.get("target_speedup") or 0.0, "psnr": float(min(step_info["psnr"], 1e3)),
+            "ssim": float(step_info["ssim"]), "speedup": float(step_info["speedup"]),
+            "latency_s": float(step_info["latency_s"])}
+    return {"observations": observations, "actions": actions, "rewards": np.asarray(rewards, dtype=np.float32),
+            "meta": meta}
+
+
+def _episode_path(staging: Path, index: int) -> Path:
+    return staging / "episodes" / f"ep_{index:06d}.npz"
+
+
+def write_episode(staging: Path, index: int, episode: dict) -> None:
+    arrays = {f"obs/{k}": v for k, v in episode["observations"].items()}
+    arrays.update(actions=episode["actions"], rewards=episode["rewards"],
+                  meta=np.frombuffer(json.dumps(episode["meta"]).encode(), dtype=np.uint8))
+    path = _episode_path(staging, index)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def read_episode(path: Path) -> dict:
+    with np.load(path) as data:
+        obs = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith("obs/")}
+        return {"observations": obs, "actions": data["actions"], "rewards": data["rewards"],
+                "meta": json.loads(data["meta"].tobytes().decode())}
+
+
+def completed_indices(staging: Path, num_episodes: int) -> set[int]:
+    done = set()
+    for path in (staging / "episodes").glob("ep_*.npz"):
+        try:
+            index = int(path.stem[3:])
+        except ValueError:
+            continue
+        if index < num_episodes:
+            done.add(index)
+    return done
+
+
+# ------------------------------------------------------------------ workers
+def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict) -> None:
+    import torch
+
+    import morca_env  # noqa: F401  (registers the envs in a spawned process)
+
+    torch.set_num_threads(threads)
+    recipe = CollectionRecipe(**recipe_dict)
+    env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
+    for index in indices:
+        policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
+        episode = run_episode(env, policy, index, recipe)
+        write_episode(Path(staging), index, episode)
+    env.close()
+
+
+def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
+                 env_overrides: dict, progress: bool, already: int) -> None:
+    from tqdm import tqdm
+
+    shards = [todo[w::workers] for w in range(workers)]
+    bar = tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
+               disable=not progress)
+    if workers == 1:
+        import torch
+
+        import morca_env  # noqa: F401
+
+        torch.set_num_threads(threads)
+        env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
+        for index in todo:
+            policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
+            write_episode(staging, index, run_episode(env, policy, index, recipe))
+            bar.update()
+        env.close()
+    else:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides),
+                             daemon=True) for shard in shards if shard]
+        for p in procs:
+            p.start()
+        try:
+            while any(p.is_alive() for p in procs):
+                time.sleep(0.5)
+                bar.n = len(completed_indices(staging, recipe.num_episodes))
+                bar.refresh()
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join()
+        failed = [p.exitcode for p in procs if p.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"{len(failed)} collection worker(s) failed (exit codes {failed}); "
+                               "rerun with resume=True to continue")
+        bar.n = len(completed_indices(staging, recipe.num_episodes))
+        bar.refresh()
+    bar.close()
+
+
+# ------------------------------------------------------------------ collect
+def dataset_spaces(env, feature_dtype: str):
+    """The dataset's observation space: the env's, with features stored in `feature_dtype`."""
+    spaces = dict(env.observation_space.spaces)
+    for key in FEATURE_KEYS:
+        box = spaces[key]
+        spaces[key] = gym.spaces.Box(-np.inf, np.inf, box.shape, np.dtype(feature_dtype))
+    return gym.spaces.Dict(spaces), env.action_space
+
+
+def collect_dataset(
+    dataset_id: str,
+    env_id: str,
+    num_episodes: int,
+    env_kwargs: dict | None = None,
+    behavior: dict | None = None,
+    *,
+    resume: bool = True,
+    overwrite: bool = False,
+    workers: int = 1,
+    threads: int = 1,
+    seed: int = 0,
+    feature_dtype: str = "float16",
+    description: str = "",
+    author: str = "MORCA gym",
+    code_permalink: str = "https://github.com/morca-gym/morca-gym",
+    env_overrides: dict | None = None,
+    progress: bool = True,
+    recipe: CollectionRecipe | None = None,
+):
+    """Collect `num_episodes` behaviour episodes of `env_id` into the Minari dataset `dataset_id`.
+
+    `env_overrides` are machine-local env kwargs (e.g. `reference_cache_dir`) that
+    are not part of the recipe. Returns the `minari.MinariDataset`.
+    """
+    import minari
+
+    if recipe is None:
+        recipe = CollectionRecipe(dataset_id=dataset_id, env_id=env_id, num_episodes=num_episodes,
+                                  env_kwargs=dict(env_kwargs or {}), behavior=dict(behavior or {"name": "threshold-curve"}),
+                                  seed=seed, feature_dtype=feature_dtype, description=description, author=author,
+                                  code_permalink=code_permalink)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} must be a positive integer")
+    final = minari_root() / recipe.dataset_id
+    if (final / "data").exists() and not overwrite:
+        existing = minari.load_dataset(recipe.dataset_id)
+        if resume and existing.total_episodes == recipe.num_episodes and \
+                existing.storage.metadata.get("morca_recipe_identity") == json.dumps(recipe.identity(), sort_keys=True):
+            return existing
+        raise FileExistsError(f"dataset {recipe.dataset_id!r} already exists at {final} "
+                              f"({existing.total_episodes} episodes); pass overwrite=True to rebuild it")
+    staging = staging_root() / recipe.dataset_id
+    identity_file = staging / "recipe_identity.json"
+    identity = json.dumps(recipe.identity(), sort_keys=True)
+    if staging.exists() and not resume:
+        shutil.rmtree(staging)
+    if identity_file.exists() and identity_file.read_text() != identity:
+        raise ValueError(f"staging dir {staging} holds episodes of a different recipe; "
+                         "use resume=False to discard them or another dataset_id")
+    (staging / "episodes").mkdir(parents=True, exist_ok=True)
+    for leftover in (staging / "episodes").glob(".*.tmp"):  # writes interrupted by a crash
+        leftover.unlink(missing_ok=True)
+    atomic_write_text(identity_file, identity)
+
+    done = completed_indices(staging, recipe.num_episodes)
+    todo = [i for i in range(recipe.num_episodes) if i not in done]
+    t0 = time.perf_counter()
+    if todo:
+        _run_workers(recipe, staging, todo, workers, threads, dict(env_overrides or {}), progress, len(done))
+    elapsed = time.perf_counter() - t0
+    if todo and progress:
+        print(f"collected {len(todo)} episodes in {elapsed:.1f} s: {60 * len(todo) / elapsed:.1f} episodes/min "
+              f"({workers} worker{'s' if workers > 1 else ''})")
+    return build_minari_dataset(recipe, staging, overwrite=overwrite)
+
+
+def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: bool = False):
+    """Build the Minari dataset from the staged episode files (atomically renamed into place)."""
+    import minari
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+    from minari.namespace import create_namespace, list_local_namespaces
+
+    missing = sorted(set(range(recipe.num_episodes)) - completed_indices(staging, recipe.num_episodes))
+    if missing:
+        raise RuntimeError(f"{len(missing)} episodes are not collected yet (first: {missing[:5]}); resume collection")
+    import morca_env  # noqa: F401
+
+    base_spec = gym.spec(recipe.env_id)
+    spec_kwargs = {k: v for k, v in recipe.env_kwargs.items() if k not in SPEC_EXCLUDED_KWARGS}
+    env_spec = replace(base_spec, kwargs={**base_spec.kwargs, **spec_kwargs, "enforce_budget": False})
+    eval_spec = replace(base_spec, kwargs={**base_spec.kwargs, **spec_kwargs, "enforce_budget": True})
+    probe = gym.make(env_spec, **({} if "reference_cache_dir" not in recipe.env_kwargs else
+                                  {"reference_cache_dir": recipe.env_kwargs["reference_cache_dir"]}))
+    observation_space, action_space = dataset_spaces(probe.unwrapped, recipe.feature_dtype)
+    probe.close()
+
+    buffers = []
+    for index in range(recipe.num_episodes):
+        ep = read_episode(_episode_path(staging, index))
+        n = len(ep["actions"])
+        terminations = np.zeros(n, dtype=bool)
+        terminations[-1] = True
+        buffers.append(EpisodeBuffer(
+            id=index, seed=recipe.seed + index, options=ep["meta"], observations=ep["observations"],
+            actions=ep["actions"], rewards=ep["rewards"], terminations=terminations,
+            truncations=np.zeros(n, dtype=bool)))
+
+    root = minari_root()
+    build_root = root / f".morca-build-{uuid.uuid4().hex[:8]}"
+    previous = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(build_root)
+    try:
+        minari.create_dataset_from_buffers(
+            dataset_id=recipe.dataset_id, buffer=buffers, env=env_spec, eval_env=eval_spec,
+            algorithm_name=recipe.algorithm_name, author=recipe.author, code_permalink=recipe.code_permalink,
+            observation_space=observation_space, action_space=action_space,
+            description=(recipe.description or f"{recipe.num_episodes} {recipe.env_id} episodes") +
+            f"\n\nrecipe: {json.dumps(recipe.__dict__, sort_keys=True)}",
+            data_format="hdf5", jpeg_encoding=False, requirements=None)
+    finally:
+        if previous is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = previous
+    built = build_root / recipe.dataset_id
+    _add_metadata(built, {"morca_recipe": json.dumps(recipe.__dict__, sort_keys=True),
+                          "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True)})
+    final = root / recipe.dataset_id
+    final.parent.mkdir(parents=True, exist_ok=True)
+    namespace = minari.utils.parse_dataset_id(recipe.dataset_id)[0]
+    if namespace is not None and namespace not in list_local_namespaces():
+        create_namespace(namespace)
+    old = None
+    if final.exists():
+        if not overwrite:
+            shutil.rmtree(build_root)
+            raise FileExistsError(f"dataset {recipe.dataset_id!r} already exists at {final}; pass overwrite=True")
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+    built.rename(final)
+    shutil.rmtree(build_root, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return minari.load_dataset(recipe.dataset_id)
+
+
+def _add_metadata(dataset_dir: Path, extra: dict) -> None:
+    path = dataset_dir / "data" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata.update(extra)
+    atomic_write_text(path, json.dumps(metadata))
+
+
+# ------------------------------------------------------------------ reading
+def episode_options(dataset) -> list[dict]:
+    """Per-episode metadata recorded at collection (prompt, seed, budget, psnr, ...)."""
+    import h5py
+
+    out = []
+    path = Path(dataset.storage.data_path) / "main_data.hdf5"
+    with h5py.File(path, "r") as f:
+        for key in sorted(f.keys(), key=lambda k: int(k.split("_")[1])):
+            attrs = f[key].attrs
+            out.append({k.split("/", 1)[1]: (v.item() if hasattr(v, "item") else v)
+                        for k, v in attrs.items() if k.startswith("options/")})
+    return out
+
+
+def flatten_observation(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """(T, ...) dict observation -> (T, D) float32: pooled, temporal, scalars, action_mask."""
+    return np.concatenate([obs[k].reshape(len(obs[k]), -1).astype(np.float32)
+                           for k in ("pooled", "temporal", "scalars", "action_mask")], axis=1)
+
+
+def tuple_observation(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """(T, ...) dict observation -> [pooled, temporal, scalars, action_mask] as float32 arrays."""
+    return [obs[k].astype(np.float32) for k in ("pooled", "temporal", "scalars", "action_mask")]
+
+
+def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None):
+    """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset.
+
+    Each episode of N steps gives N transitions: observations[0..N-1] with the
+    action taken there; the final (terminal) observation is the next observation
+    of the last transition, which is `terminated`. `observation="tuple"` keeps
+    [pooled, temporal, scalars, action_mask] (for `agents.networks`), `"flat"`
+    concatenates them into one vector (any d3rlpy encoder).
+    """
+    from d3rlpy.constants import ActionSpace
+    from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
+
+    if observation not in ("tuple", "flat"):
+        raise ValueError(f"observation={observation!r}; valid: 'tuple', 'flat'")
+    convert = tuple_observation if observation == "tuple" else flatten_observation
+    episodes = []
+    for ep in dataset.iterate_episodes(episode_indices):
+        obs = {k: np.asarray(v) for k, v in ep.observations.items()}
+        n = len(ep.actions)
+        if any(len(v) != n + 1 for v in obs.values()):
+            raise ValueError(f"episode {ep.id}: expected {n + 1} observations for {n} actions")
+        if not ep.terminations[-1]:
+            raise ValueError(f"episode {ep.id} does not end in a terminal step")
+        converted = convert({k: v[:n] for k, v in obs.items()})
+        episodes.append(Episode(observations=converted, actions=np.asarray(ep.actions, dtype=np.int64).reshape(n, 1),
+                                rewards=np.asarray(ep.rewards, dtype=np.float32).reshape(n, 1), terminated=True))
+    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2)

@@ -1,0 +1,136 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from morca_env.budget import BudgetSpec, forced_recompute_steps
+from morca_env.data import collect_dataset, episode_options, relabel, to_replay_buffer
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def collect(dataset_id, n, **kwargs):
+    return collect_dataset(dataset_id, "MorcaTinyRandom-v0", n, env_kwargs=ENV_KWARGS,
+                           behavior={"name": "threshold-curve"}, progress=False, **kwargs)
+
+
+def check_episode_invariants(dataset):
+    for ep in dataset.iterate_episodes():
+        obs, actions = ep.observations, np.asarray(ep.actions)
+        n = len(actions)
+        assert all(len(v) == n + 1 for v in obs.values())
+        budget = int(round(obs["scalars"][0, 5] * n))
+        assert actions.sum() == budget
+        assert np.allclose(obs["scalars"][:, 5], budget / n)  # one K per episode, everywhere
+        assert np.allclose(obs["scalars"][:, 4], np.concatenate([[0], np.cumsum(actions)]) / n)  # u_t
+        assert all(obs["action_mask"][t][actions[t]] for t in range(n))  # feasible under the recorded mask
+        assert np.all(ep.rewards[:-1] == 0) and ep.rewards[-1] > 0
+        assert ep.terminations[-1] and not ep.terminations[:-1].any() and not ep.truncations.any()
+
+
+def test_relabel_makes_masks_consistent():
+    spec = BudgetSpec(6, forced_recompute_steps(6))
+    actions = np.array([0, 1, 1, 0, 1, 0])
+    obs = {"scalars": np.zeros((7, 7), np.float32), "action_mask": np.zeros((7, 2), np.int8)}
+    obs["scalars"][1:, 6] = 1  # cache valid after step 0
+    out = relabel(obs, actions, spec)
+    assert np.allclose(out["scalars"][:, 5], 3 / 6)
+    assert out["action_mask"][:6].tolist() == [[1, 0], [1, 1], [1, 1], [1, 1], [0, 1], [1, 0]]
+
+
+def test_collect_load_invariants_and_cql(roots):
+    import d3rlpy
+    import minari
+
+    collect("test/tiny/random-v0", 5)
+    dataset = minari.load_dataset("test/tiny/random-v0")
+    assert dataset.total_episodes == 5 and dataset.total_steps == 50
+    check_episode_invariants(dataset)
+    meta = episode_options(dataset)
+    assert len(meta) == 5 and all(m["budget"] == int(round(np.sum(ep.actions)))
+                                  for m, ep in zip(meta, dataset.iterate_episodes()))
+    assert dataset.storage.metadata["algorithm_name"].startswith("threshold-curve")
+    assert dataset.observation_space["pooled"].dtype == np.float16
+
+    buffer = to_replay_buffer(dataset, "tuple")
+    assert buffer.transition_count == 50 and len(buffer.episodes) == 5
+    episode = buffer.episodes[0]
+    assert [o.shape for o in episode.observations] == [(10, 9, 4, 8, 8), (10, 18, 8, 8), (10, 7), (10, 2)]
+    assert episode.terminated and episode.actions.shape == (10, 1)
+
+    flat = to_replay_buffer(dataset, "flat")
+    cql = d3rlpy.algos.DiscreteCQLConfig(batch_size=16).create(device="cpu")
+    cql.fit(flat, n_steps=100, n_steps_per_epoch=100, show_progress=False, save_interval=10**6,
+            logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    action = cql.predict(flat.episodes[0].observations[:1])
+    assert action.shape == (1,) and action[0] in (0, 1)
+
+
+def test_recover_environment_in_a_fresh_process(roots):
+    collect("test/tiny/recover-v0", 2)
+    code = ("import minari; ds = minari.load_dataset('test/tiny/recover-v0'); env = ds.recover_environment(); "
+            "obs, info = env.reset(seed=0); print(env.spec.id, env.unwrapped.enforce_budget, "
+            "ds.recover_environment(eval_env=True).unwrapped.enforce_budget)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=roots,
+                         env={**os.environ}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["MorcaTinyRandom-v0", "False", "True"]
+
+
+def test_finished_dataset_is_not_overwritten(roots):
+    collect("test/tiny/keep-v0", 2)
+    assert collect("test/tiny/keep-v0", 2).total_episodes == 2  # same recipe: just loads it
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        collect("test/tiny/keep-v0", 3)
+    assert collect("test/tiny/keep-v0", 3, overwrite=True).total_episodes == 3
+
+
+def test_two_workers_give_the_same_episodes(roots):
+    one = collect("test/tiny/w1-v0", 4)
+    two = collect("test/tiny/w2-v0", 4, workers=2)
+    for a, b in zip(one.iterate_episodes(), two.iterate_episodes()):
+        assert np.array_equal(a.actions, b.actions) and np.array_equal(a.rewards, b.rewards)
+
+
+def test_sigkill_then_resume_gives_exact_episodes_without_duplicates(roots):
+    recipe = roots / "recipe.json"
+    recipe.write_text(json.dumps({"dataset_id": "test/tiny/kill-v0", "env_id": "MorcaTinyRandom-v0",
+                                  "num_episodes": 8, "env_kwargs": ENV_KWARGS,
+                                  "behavior": {"name": "threshold-curve"}}))
+    staging = roots / "cache" / "collect" / "test/tiny/kill-v0" / "episodes"
+    command = [sys.executable, str(ROOT / "scripts" / "collect.py"), str(recipe)]
+    proc = subprocess.Popen(command, cwd=roots, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(staging.glob("ep_*.npz"))) < 3:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = len(list(staging.glob("ep_*.npz")))
+    assert 3 <= kept < 8, "the kill must land mid-run"
+    assert not (roots / "minari" / "test/tiny/kill-v0" / "data").exists()
+    out = subprocess.run(command + ["--resume"], cwd=roots, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import minari
+
+    resumed = minari.load_dataset("test/tiny/kill-v0")
+    assert resumed.total_episodes == 8
+    assert sorted(ep.id for ep in resumed.iterate_episodes()) == list(range(8))
+    check_episode_invariants(resumed)
+    reference = collect("test/tiny/nokill-v0", 8)  # uninterrupted run of the same recipe
+    for a, b in zip(resumed.iterate_episodes(), reference.iterate_episodes()):
+        assert np.array_equal(a.actions, b.actions)
