@@ -1,0 +1,46 @@
+"""A trained scheduler as a plain policy: `policy(obs) -> action` for MorcaEnv and evaluation."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")
+
+
+def observation_batch(obs: dict) -> list[np.ndarray]:
+    """One env observation -> the tuple [pooled, temporal, scalars, action_mask] with a batch axis (float32)."""
+    return [np.asarray(obs[k], dtype=np.float32)[None] for k in OBS_KEYS]
+
+
+class MorcaPolicy:
+    """Wraps a d3rlpy algorithm trained on tuple observations (e.g. `DiscreteIQL`).
+
+    Follows the rule policies' protocol (`reset(obs, info)`, `__call__(obs)`);
+    `deterministic=False` samples from the masked policy (online data collection).
+    Actions are always feasible: the policy's logits are masked.
+    """
+
+    def __init__(self, algo, deterministic: bool = True):
+        self.algo = algo
+        self.deterministic = deterministic
+
+    @classmethod
+    def load(cls, path, device: str = "cpu", deterministic: bool = True) -> "MorcaPolicy":
+        import d3rlpy
+
+        import agents  # noqa: F401  (registers our config and encoder with d3rlpy)
+
+        return cls(d3rlpy.load_learnable(str(path), device=device), deterministic)
+
+    def reset(self, obs, info) -> None:
+        pass
+
+    @torch.no_grad()
+    def __call__(self, obs) -> int:
+        batch = observation_batch(obs)
+        action = self.algo.predict(batch) if self.deterministic else self.algo.sample_action(batch)
+        action = int(action[0])
+        if not obs["action_mask"][action]:  # cannot happen with masked logits; guard for foreign algorithms
+            action = 1 - action
+        return action

@@ -1,0 +1,144 @@
+import subprocess
+import sys
+
+import d3rlpy
+import numpy as np
+import pytest
+import torch
+from d3rlpy.constants import ActionSpace
+from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
+
+import agents
+from agents.iql import DiscreteIQLConfig
+from agents.networks import MorcaEncoderFactory, MorcaNetwork, parse_features
+from agents.policy import MorcaPolicy, observation_batch
+
+C = 2  # latent channels of the synthetic observations
+
+
+def synthetic_episode(rng, n=8, forced_last=True):
+    masks = np.ones((n, 2), np.float32)
+    masks[0] = [1, 0]  # forced recompute
+    if forced_last:
+        masks[-1] = [1, 0]
+    actions = np.where(masks[:, 1] > 0, rng.integers(0, 2, n), 0)
+    obs = [rng.normal(size=(n, 3 * C, 4, 8, 8)).astype(np.float32), rng.normal(size=(n, 6 * C, 8, 8)).astype(np.float32),
+           rng.uniform(size=(n, 7)).astype(np.float32), masks]
+    rewards = np.zeros((n, 1), np.float32)
+    rewards[-1] = 20 + 10 * actions.mean()
+    return Episode(observations=obs, actions=actions.reshape(n, 1), rewards=rewards, terminated=True)
+
+
+def synthetic_buffer(episodes=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return ReplayBuffer(InfiniteBuffer(), episodes=[synthetic_episode(rng) for _ in range(episodes)],
+                        action_space=ActionSpace.DISCRETE, action_size=2)
+
+
+def quiet():
+    return d3rlpy.logging.NoopAdapterFactory()
+
+
+@pytest.mark.parametrize("features,shape3d", [("p3,mean,var", True), ("p3", True), ("mean", False), ("", False)])
+def test_network_variants_and_heads(features, shape3d):
+    x = [torch.randn(4, 3 * C, 4, 8, 8), torch.randn(4, 6 * C, 8, 8), torch.randn(4, 7)]
+    for head, size in (("policy", 2), ("q", 2), ("v", 1)):
+        net = MorcaNetwork(C, head=head, features=features)
+        assert net(*x).shape == (4, size)
+        assert (net.trunk.branch3d is not None) == shape3d
+    mask = torch.tensor([[1, 0], [0, 1], [1, 1], [1, 0]])
+    logits = MorcaNetwork(C, "policy")(*x, action_mask=mask)
+    assert torch.equal(logits.argmax(1)[:2], torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="unknown latent features"):
+        parse_features("p3,colour")
+
+
+def test_paper_sizes_for_wan_channels():
+    net = MorcaNetwork(16)
+    x = [torch.randn(1, 48, 4, 8, 8), torch.randn(1, 96, 8, 8), torch.randn(1, 7)]
+    assert net.trunk.branch3d(x[0]).shape == (1, 512)
+    assert net.trunk.branch2d(x[1]).shape == (1, 256)
+    assert net.trunk.project[0].in_features == 768 and net.trunk.mlp[0].in_features == 135
+
+
+def test_forced_transitions_contribute_nothing_to_the_policy_gradient():
+    buffer = synthetic_buffer()
+    algo = DiscreteIQLConfig(batch_size=16).create(device="cpu")
+    algo.build_with_dataset(buffer)
+    impl = algo.impl
+    batch = buffer.sample_transition_batch(48)
+    from d3rlpy.torch_utility import TorchMiniBatch
+
+    def policy_grad(torch_batch):
+        impl.modules.policy.zero_grad()
+        loss, _ = impl.actor_loss(torch_batch)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in impl.modules.policy.parameters() if p.grad is not None])
+
+    full = TorchMiniBatch.from_batch(batch, 1.0, False, "cpu")
+    forced = (full.observations[3].sum(1) < 1.5)
+    assert forced.any() and (~forced).any()
+    altered = TorchMiniBatch.from_batch(batch, 1.0, False, "cpu")
+    altered.actions[forced] = 1 - altered.actions[forced]  # change what the forced transitions say
+    altered.observations[0][forced] += 5.0
+    assert torch.allclose(policy_grad(full), policy_grad(altered), atol=1e-6)
+
+    only_forced = TorchMiniBatch.from_batch(batch, 1.0, False, "cpu")
+    only_forced.observations[3][:] = torch.tensor([1.0, 0.0])
+    loss, extra = impl.actor_loss(only_forced)
+    assert float(loss) == 0.0 and extra["free_fraction"] == 0.0
+
+
+def test_predictions_respect_the_mask_and_fit_runs():
+    buffer = synthetic_buffer()
+    algo = DiscreteIQLConfig(batch_size=16).create(device="cpu")
+    algo.fit(buffer, n_steps=20, n_steps_per_epoch=20, show_progress=False, save_interval=10**6, logger_adapter=quiet())
+    ep = buffer.episodes[0]
+    for only in ([1, 0], [0, 1]):
+        obs = [o[:5].copy() for o in ep.observations]
+        obs[3][:] = only
+        assert np.all(algo.predict(obs) == only.index(1))
+        assert np.all(algo.sample_action(obs) == only.index(1))
+
+
+def test_save_load_round_trip_in_a_fresh_process(tmp_path):
+    buffer = synthetic_buffer()
+    algo = DiscreteIQLConfig(batch_size=16, weight_temp=1.25).create(device="cpu")
+    algo.fit(buffer, n_steps=5, n_steps_per_epoch=5, show_progress=False, save_interval=10**6, logger_adapter=quiet())
+    path = tmp_path / "iql.d3"
+    algo.save(str(path))
+    obs = [o[:3] for o in buffer.episodes[1].observations]
+    np.savez(tmp_path / "obs.npz", *obs)
+    expected = algo.predict(obs)
+    code = ("import numpy as np, d3rlpy, agents; a = d3rlpy.load_learnable(%r); "
+            "f = np.load(%r); obs = [f[f'arr_{i}'] for i in range(4)]; print(type(a).__name__, a.config.weight_temp, "
+            "''.join(map(str, a.predict(obs))))") % (str(path), str(tmp_path / "obs.npz"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["DiscreteIQL", "1.25", "".join(map(str, expected))]
+
+
+def test_plain_policy_on_env_observations(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+
+    env = gym.make("MorcaTinyRandom-v0", budget=6, num_inference_steps=10, lpips=False,
+                   reference_cache_dir=str(tmp_path))
+    obs, info = env.reset(seed=0)
+    batch = observation_batch(obs)
+    assert [b.shape for b in batch] == [(1, 9, 4, 8, 8), (1, 18, 8, 8), (1, 7), (1, 2)]
+    buffer = ReplayBuffer(InfiniteBuffer(), episodes=[Episode(
+        observations=[np.repeat(b, 2, 0) for b in batch], actions=np.zeros((2, 1)), rewards=np.zeros((2, 1)),
+        terminated=True)], action_space=ActionSpace.DISCRETE, action_size=2)
+    algo = DiscreteIQLConfig(batch_size=2).create(device="cpu")
+    algo.build_with_dataset(buffer)
+    for deterministic in (True, False):
+        policy = MorcaPolicy(algo, deterministic=deterministic)
+        obs, info = env.reset(seed=1)
+        policy.reset(obs, info)
+        done = False
+        while not done:
+            obs, _, done, _, info = env.step(policy(obs))
+            assert not info["projected"]
+        assert info["num_reuse"] == 6
