@@ -142,3 +142,34 @@ def test_plain_policy_on_env_observations(tmp_path):
             obs, _, done, _, info = env.step(policy(obs))
             assert not info["projected"]
         assert info["num_reuse"] == 6
+
+
+def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from agents.online import OnlineConfig, OnlineTrainer
+    from agents.reinforce import Reinforce, ReinforceConfig, ReinforcePolicy
+
+    env = gym.make("MorcaTinyRandom-v0", num_inference_steps=8, lpips=False, reference_cache_dir=str(tmp_path / "r"))
+    config = OnlineConfig(rounds=2, trajectories_per_round=2, warmup_epochs=1, joint_epochs=1, batch_size=8,
+                          speedup_range=(1.5, 2.5), max_steps_per_epoch=2)
+    trainer = OnlineTrainer(env, config, tmp_path / "online", progress=False)  # online IQL from scratch
+    history = trainer.run()
+    assert [h["round"] for h in history] == [1, 2] and history[-1]["transitions"] == 4 * 8
+    assert (tmp_path / "online" / "final.d3").exists()
+    resumed = OnlineTrainer(env, OnlineConfig(**{**config.__dict__, "rounds": 3}), tmp_path / "online", progress=False)
+    assert resumed.start_round == 2 and len(resumed.online_episodes) == 4
+    assert resumed.run()[-1]["round"] == 3
+
+    reinforce = Reinforce(env, ReinforceConfig(episodes_per_update=2, total_episodes=4, speedup_range=(1.5, 2.5)),
+                          tmp_path / "reinforce", progress=False)
+    before = [p.detach().clone() for p in reinforce.network.parameters()]
+    assert len(reinforce.train()) == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, reinforce.network.parameters()))
+    policy = ReinforcePolicy.load(tmp_path / "reinforce" / "reinforce.pt")
+    obs, info = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy(obs))
+        assert not info["projected"]

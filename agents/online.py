@@ -1,0 +1,185 @@
+"""Offline-to-online fine-tuning of discrete IQL (MORCA Algorithm 1(b), Table 6).
+
+Each round: sample new trajectories from the current stochastic, masked policy
+at random training prompts and target speedups; add them to a replay buffer
+that keeps the offline data; train the critics alone for a few epochs
+(warm-up), then policy and critics jointly. Starting without an offline
+algorithm and without offline data gives "online IQL from scratch" (Table 4).
+An epoch is one pass over the replay buffer's transitions in batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from morca_env.io import atomic_path, atomic_write_text
+
+from .iql import DiscreteIQL, DiscreteIQLConfig
+from .policy import MorcaPolicy
+from .training import (CheckpointDir, episode_from_rollout, make_buffer, observation_shapes, run_updates,
+                       steps_per_epoch)
+
+
+@dataclass
+class OnlineConfig:
+    """Online fine-tuning settings (defaults: paper Table 6)."""
+
+    rounds: int = 16
+    trajectories_per_round: int = 100
+    warmup_epochs: int = 5
+    joint_epochs: int = 20
+    actor_learning_rate: float = 4e-5
+    critic_learning_rate: float = 1e-4
+    weight_temp: float = 1.0
+    max_weight: float = 20.0
+    batch_size: int = 256
+    speedup_range: tuple[float, float] = (1.5, 4.5)
+    max_steps_per_epoch: int | None = None  # cap an epoch's updates (CPU budgets); None = a full pass
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("rounds", "trajectories_per_round", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        lo, hi = self.speedup_range
+        if not 1.0 <= lo <= hi:
+            raise ValueError(f"speedup_range={self.speedup_range!r} must be (low, high) with 1 <= low <= high")
+
+
+def rollout(env, policy, options: dict | None = None, seed: int | None = None):
+    """One episode; returns (d3rlpy Episode, final info)."""
+    obs, info = env.reset(seed=seed, options=options)
+    policy.reset(obs, info)
+    observations, actions, rewards = [obs], [], []
+    done = False
+    while not done:
+        obs, reward, done, _, info = env.step(policy(obs))
+        observations.append(obs)
+        actions.append(info["action"])
+        rewards.append(reward)
+    return episode_from_rollout(observations, actions, rewards), info
+
+
+class OnlineTrainer:
+    """Runs the rounds of Algorithm 1(b); resumable from `run_dir`."""
+
+    def __init__(self, env, config: OnlineConfig, run_dir: str | Path, offline_algo: DiscreteIQL | None = None,
+                 offline_buffer=None, device: str = "cpu", progress: bool = True):
+        self.env = env.unwrapped
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.rng = np.random.default_rng(config.seed)
+        iql = DiscreteIQLConfig(actor_learning_rate=config.actor_learning_rate,
+                                critic_learning_rate=config.critic_learning_rate, weight_temp=config.weight_temp,
+                                max_weight=config.max_weight, batch_size=config.batch_size)
+        if offline_algo is not None:  # keep the offline networks' encoders (ablation features included)
+            iql = dataclasses.replace(iql, actor_encoder_factory=offline_algo.config.actor_encoder_factory,
+                                      critic_encoder_factory=offline_algo.config.critic_encoder_factory,
+                                      value_encoder_factory=offline_algo.config.value_encoder_factory)
+        self.algo = iql.create(device=device)
+        self.algo.create_impl(observation_shapes(self.env), 2)
+        if offline_algo is not None:
+            self.algo.copy_weights_from(offline_algo)
+        self.offline_episodes = list(offline_buffer.episodes) if offline_buffer is not None else []
+        self.online_episodes = []
+        self.checkpoints = CheckpointDir(self.run_dir)
+        self.start_round = 0
+        self.history: list[dict] = []
+        self._resume()
+
+    # ------------------------------------------------------------ persistence
+    def _episodes_path(self, index: int) -> Path:
+        return self.run_dir / "online_episodes" / f"round_{index:03d}.npz"
+
+    def _save_round_episodes(self, index: int, episodes) -> None:
+        arrays = {}
+        for e, episode in enumerate(episodes):
+            for k, obs in enumerate(episode.observations):
+                arrays[f"{e}/obs{k}"] = obs
+            arrays[f"{e}/actions"], arrays[f"{e}/rewards"] = episode.actions, episode.rewards
+        path = self._episodes_path(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+
+    def _load_round_episodes(self, index: int):
+        from d3rlpy.dataset import Episode
+
+        with np.load(self._episodes_path(index)) as data:
+            count = len({k.split("/")[0] for k in data.files})
+            return [Episode(observations=[data[f"{e}/obs{k}"] for k in range(4)], actions=data[f"{e}/actions"],
+                            rewards=data[f"{e}/rewards"], terminated=True) for e in range(count)]
+
+    def _resume(self) -> None:
+        found = self.checkpoints.latest()
+        if found is None:
+            return
+        import d3rlpy
+
+        path, state = found
+        self.algo.copy_weights_from(d3rlpy.load_learnable(str(path)))
+        self.start_round = state["index"] + 1
+        self.history = state.get("history", [])
+        self.rng = np.random.default_rng([self.config.seed, self.start_round])
+        for index in range(self.start_round):
+            self.online_episodes += self._load_round_episodes(index)
+        print(f"resumed online fine-tuning after round {self.start_round} ({len(self.online_episodes)} online episodes)")
+
+    # ------------------------------------------------------------ the loop
+    def collect(self, count: int) -> tuple[list, list[dict]]:
+        policy = MorcaPolicy(self.algo, deterministic=False)
+        episodes, infos = [], []
+        lo, hi = self.config.speedup_range
+        for _ in tqdm(range(count), desc="online rollouts", unit="episode", leave=False, disable=not self.progress):
+            prompt, seed = self.env.suite.sample(self.rng)
+            speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
+            episode, info = rollout(self.env, policy, {"prompt": prompt, "seed": seed, "speedup": speedup})
+            episodes.append(episode)
+            infos.append(info)
+        return episodes, infos
+
+    def run(self) -> list[dict]:
+        writer = SummaryWriter(str(self.run_dir / "tb"))
+        config = self.config
+        for index in range(self.start_round, config.rounds):
+            t0 = time.perf_counter()
+            new, infos = self.collect(config.trajectories_per_round)
+            self._save_round_episodes(index, new)
+            self.online_episodes += new
+            buffer = make_buffer(self.offline_episodes + self.online_episodes)
+            epoch_steps = steps_per_epoch(buffer, config.batch_size, config.max_steps_per_epoch)
+            self.algo.set_critic_only(True)
+            warm = run_updates(self.algo, buffer, config.warmup_epochs * epoch_steps, writer, "warmup",
+                               f"round {index + 1} warm-up", self.progress)
+            self.algo.set_critic_only(False)
+            joint = run_updates(self.algo, buffer, config.joint_epochs * epoch_steps, writer, "joint",
+                                f"round {index + 1} joint", self.progress)
+            psnr = float(np.mean([min(i["psnr"], 100.0) for i in infos]))
+            record = {"round": index + 1, "rollout_psnr": psnr, "transitions": buffer.transition_count,
+                      "updates": (config.warmup_epochs + config.joint_epochs) * epoch_steps,
+                      "seconds": time.perf_counter() - t0, **{f"warmup_{k}": v for k, v in warm.items()},
+                      **{f"joint_{k}": v for k, v in joint.items()}}
+            self.history.append(record)
+            writer.add_scalar("online/rollout_psnr", psnr, index + 1)
+            self.checkpoints.save(self.algo, index, {"history": self.history})
+            if self.progress:
+                print(f"round {index + 1}/{config.rounds}: rollout PSNR {psnr:.2f} dB, "
+                      f"{buffer.transition_count} transitions, {record['seconds']:.0f} s")
+        writer.close()
+        atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
+        final = self.run_dir / "final.d3"
+        with atomic_path(final) as tmp:
+            self.algo.save(str(tmp))
+        return self.history
+

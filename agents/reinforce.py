@@ -1,0 +1,168 @@
+"""REINFORCE with a baseline, for the training-paradigm ablation (MORCA Table 4).
+
+On-policy: each update samples `episodes_per_update` fresh episodes from the
+current masked policy (the same network as MORCA's policy head) at random
+training prompts and target speedups, and ascends
+sum_t log pi(a_t | s_t) (R - b) over the non-forced steps, R being the
+terminal PSNR reward and b an exponential moving average of past returns.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from morca_env.io import atomic_path, atomic_write_text
+
+from .networks import MorcaNetwork, masked_logits
+from .policy import OBS_KEYS
+
+
+@dataclass
+class ReinforceConfig:
+    learning_rate: float = 1e-4
+    episodes_per_update: int = 8
+    total_episodes: int = 1600
+    baseline_decay: float = 0.9
+    features: str = "p3,mean,var"
+    speedup_range: tuple[float, float] = (1.5, 4.5)
+    seed: int = 0
+
+
+class ReinforcePolicy:
+    """The REINFORCE policy network as a plain policy (`reset`, `__call__`); masked, never infeasible."""
+
+    def __init__(self, network: MorcaNetwork, deterministic: bool = True, seed: int | None = None):
+        self.network = network
+        self.deterministic = deterministic
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+
+    def reset(self, obs, info) -> None:
+        pass
+
+    @torch.no_grad()
+    def __call__(self, obs) -> int:
+        x = [torch.as_tensor(np.asarray(obs[k], dtype=np.float32))[None] for k in OBS_KEYS]
+        logits = masked_logits(self.network(*x[:3]), x[3])[0]
+        if self.deterministic:
+            return int(logits.argmax())
+        return int(torch.multinomial(F.softmax(logits, dim=0), 1, generator=self.generator))
+
+    @classmethod
+    def load(cls, path, deterministic: bool = True) -> "ReinforcePolicy":
+        state = torch.load(path, weights_only=False)
+        network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
+        network.load_state_dict(state["network"])
+        return cls(network.eval(), deterministic)
+
+
+class Reinforce:
+    def __init__(self, env, config: ReinforceConfig, run_dir: str | Path, progress: bool = True):
+        self.env = env.unwrapped
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        channels = self.env.observation_space["pooled"].shape[0] // 3
+        torch.manual_seed(config.seed)
+        self.network = MorcaNetwork(channels, "policy", config.features)
+        self.channels = channels
+        self.optimizer = torch.optim.AdamW(self.network.parameters(), lr=config.learning_rate, weight_decay=0.01)
+        self.baseline: float | None = None
+        self.episodes_done = 0
+        self.rng = np.random.default_rng(config.seed)
+        self.history: list[dict] = []
+        self._resume()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "reinforce.pt"
+
+    def _resume(self) -> None:
+        if not self.checkpoint_path.exists():
+            return
+        state = torch.load(self.checkpoint_path, weights_only=False)
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.baseline, self.episodes_done, self.history = state["baseline"], state["episodes_done"], state["history"]
+        self.rng = np.random.default_rng([self.config.seed, self.episodes_done])
+        print(f"resumed REINFORCE after {self.episodes_done} episodes")
+
+    def save(self, path: Path | None = None) -> Path:
+        path = path or self.checkpoint_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "baseline": self.baseline, "episodes_done": self.episodes_done, "history": self.history,
+                 "channels": self.channels, "config": asdict(self.config)}
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+        return path
+
+    def policy(self, deterministic: bool = True) -> ReinforcePolicy:
+        return ReinforcePolicy(self.network, deterministic)
+
+    def sample_episode(self):
+        policy = ReinforcePolicy(self.network, deterministic=False, seed=int(self.rng.integers(2**31)))
+        prompt, seed = self.env.suite.sample(self.rng)
+        lo, hi = self.config.speedup_range
+        speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
+        obs, info = self.env.reset(options={"prompt": prompt, "seed": seed, "speedup": speedup})
+        observations, actions = [], []
+        done = False
+        while not done:
+            action = policy(obs)
+            observations.append(obs)
+            obs, reward, done, _, info = self.env.step(action)
+            actions.append(info["action"])
+        return observations, actions, float(reward), info
+
+    def loss(self, episodes) -> torch.Tensor:
+        """Policy-gradient loss of a batch of (observations, actions, return) over non-forced steps."""
+        returns = np.array([ret for _, _, ret in episodes])
+        baseline = self.baseline if self.baseline is not None else float(returns.mean())
+        terms, count = [], 0
+        for observations, actions, ret in episodes:
+            x = [torch.as_tensor(np.stack([np.asarray(o[k], dtype=np.float32) for o in observations])) for k in OBS_KEYS]
+            free = x[3].sum(dim=1) > 1.5
+            log_probs = F.log_softmax(masked_logits(self.network(*x[:3]), x[3]), dim=1)
+            chosen = log_probs.gather(1, torch.as_tensor(actions).reshape(-1, 1)).reshape(-1)
+            terms.append((chosen * free).sum() * (ret - baseline))
+            count += int(free.sum())
+        return -torch.stack(terms).sum() / max(1, count)
+
+    def train(self) -> list[dict]:
+        writer = SummaryWriter(str(self.run_dir / "tb"))
+        config = self.config
+        bar = tqdm(total=config.total_episodes, initial=self.episodes_done, desc="REINFORCE", unit="episode",
+                   disable=not self.progress)
+        while self.episodes_done < config.total_episodes:
+            batch, psnrs = [], []
+            for _ in range(min(config.episodes_per_update, config.total_episodes - self.episodes_done)):
+                observations, actions, ret, info = self.sample_episode()
+                batch.append((observations, actions, ret))
+                psnrs.append(min(info["psnr"], 100.0))
+                self.episodes_done += 1
+                bar.update()
+            loss = self.loss(batch)
+            self.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)
+            self.optimizer.step()
+            mean_return = float(np.mean([r for _, _, r in batch]))
+            self.baseline = mean_return if self.baseline is None else (
+                config.baseline_decay * self.baseline + (1 - config.baseline_decay) * mean_return)
+            record = {"episodes": self.episodes_done, "loss": float(loss), "rollout_psnr": float(np.mean(psnrs))}
+            self.history.append(record)
+            writer.add_scalar("reinforce/rollout_psnr", record["rollout_psnr"], self.episodes_done)
+            writer.add_scalar("reinforce/loss", record["loss"], self.episodes_done)
+            self.save()
+        bar.close()
+        writer.close()
+        atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
+        return self.history

@@ -1,0 +1,74 @@
+"""Shared pieces of the training loops: replay buffers from episodes, IQL epochs, checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from d3rlpy.constants import ActionSpace
+from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
+from tqdm import tqdm
+
+from morca_env.io import atomic_path, atomic_write_text
+
+from .policy import OBS_KEYS
+
+
+def episode_from_rollout(observations: list[dict], actions: list[int], rewards: list[float]) -> Episode:
+    """A terminated d3rlpy episode from env observations o_0..o_{N-1} (the terminal o_N is not needed)."""
+    n = len(actions)
+    obs = [np.stack([np.asarray(o[k], dtype=np.float32) for o in observations[:n]]) for k in OBS_KEYS]
+    return Episode(observations=obs, actions=np.asarray(actions, dtype=np.int64).reshape(n, 1),
+                   rewards=np.asarray(rewards, dtype=np.float32).reshape(n, 1), terminated=True)
+
+
+def make_buffer(episodes: list[Episode]) -> ReplayBuffer:
+    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2)
+
+
+def observation_shapes(env) -> list[tuple[int, ...]]:
+    space = env.observation_space
+    return [tuple(space[k].shape) for k in OBS_KEYS]
+
+
+def run_updates(algo, buffer: ReplayBuffer, steps: int, writer=None, tag: str = "train", desc: str = "update",
+                progress: bool = True) -> dict[str, float]:
+    """`steps` IQL updates on batches sampled from `buffer`; returns the mean metrics."""
+    totals: dict[str, float] = {}
+    for _ in tqdm(range(steps), desc=desc, unit="step", leave=False, disable=not progress):
+        metrics = algo.update(buffer.sample_transition_batch(algo.config.batch_size))
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        if writer is not None:
+            for k, v in metrics.items():
+                writer.add_scalar(f"{tag}/{k}", float(v), algo.grad_step)
+    return {k: v / max(1, steps) for k, v in totals.items()}
+
+
+def steps_per_epoch(buffer: ReplayBuffer, batch_size: int, cap: int | None = None) -> int:
+    steps = max(1, buffer.transition_count // batch_size)
+    return min(steps, cap) if cap else steps
+
+
+class CheckpointDir:
+    """`<dir>/checkpoints/<name>.d3` written atomically, and `latest.json` naming the last complete one."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        (self.directory / "checkpoints").mkdir(parents=True, exist_ok=True)
+
+    def save(self, algo, index: int, state: dict | None = None) -> Path:
+        path = self.directory / "checkpoints" / f"{index:04d}.d3"
+        with atomic_path(path) as tmp:
+            algo.save(str(tmp))
+        atomic_write_text(self.directory / "latest.json", json.dumps({"index": index, "path": str(path.name),
+                                                                      **(state or {})}) + "\n")
+        return path
+
+    def latest(self) -> tuple[Path, dict] | None:
+        marker = self.directory / "latest.json"
+        if not marker.exists():
+            return None
+        state = json.loads(marker.read_text())
+        return self.directory / "checkpoints" / state["path"], state

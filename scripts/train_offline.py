@@ -1,0 +1,91 @@
+"""Offline discrete IQL on a MORCA Minari dataset (paper Sec. 3.3; defaults from Table 6).
+
+    python scripts/train_offline.py --dataset morca/tiny/random-v0
+    python scripts/train_offline.py --dataset morca/tiny/random-v0 --epochs 20 --max-steps-per-epoch 100
+    python scripts/train_offline.py ... --resume            # continue after the last finished epoch
+
+Writes `<run-dir>/checkpoints/NNNN.d3` every epoch (with `latest.json`),
+TensorBoard logs in `<run-dir>/tb`, and `<run-dir>/final.d3`. Load with
+`d3rlpy.load_learnable(path)` after `import agents`, or `agents.MorcaPolicy.load(path)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import d3rlpy
+import minari
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from agents.iql import DiscreteIQLConfig
+from agents.networks import MorcaEncoderFactory
+from agents.training import CheckpointDir, run_updates, steps_per_epoch
+from morca_env.data import to_replay_buffer
+from morca_env.io import atomic_path
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="morca/tiny/random-v0", help="Minari dataset id")
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate of all networks")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--beta", type=float, default=1.5, help="advantage-weighting coefficient")
+    p.add_argument("--w-max", type=float, default=30.0, help="policy weight cap")
+    p.add_argument("--expectile", type=float, default=0.7)
+    p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
+    p.add_argument("--max-steps-per-epoch", type=int, help="cap the updates per epoch (default: a full pass)")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/offline"))
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    d3rlpy.seed(args.seed)
+    dataset = minari.load_dataset(args.dataset)
+    buffer = to_replay_buffer(dataset, "tuple")
+    encoder = MorcaEncoderFactory(features=args.features)
+    algo = DiscreteIQLConfig(actor_learning_rate=args.lr, critic_learning_rate=args.lr, batch_size=args.batch_size,
+                             weight_temp=args.beta, max_weight=args.w_max, expectile=args.expectile,
+                             actor_encoder_factory=encoder, critic_encoder_factory=encoder,
+                             value_encoder_factory=encoder).create(device=args.device)
+    algo.build_with_dataset(buffer)
+    checkpoints = CheckpointDir(args.run_dir)
+    start = 0
+    if args.resume and (found := checkpoints.latest()) is not None:
+        path, state = found
+        algo = d3rlpy.load_learnable(str(path), device=args.device)
+        start = state["index"] + 1
+        print(f"resumed from {path} (epoch {start})")
+    (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    epoch_steps = steps_per_epoch(buffer, args.batch_size, args.max_steps_per_epoch)
+    print(f"{args.dataset}: {dataset.total_episodes} episodes, {buffer.transition_count} transitions; "
+          f"{epoch_steps} updates per epoch, epochs {start + 1}..{args.epochs}")
+    writer = SummaryWriter(str(args.run_dir / "tb"))
+    for epoch in range(start, args.epochs):
+        t0 = time.perf_counter()
+        metrics = run_updates(algo, buffer, epoch_steps, writer, "offline", f"epoch {epoch + 1}/{args.epochs}")
+        seconds = time.perf_counter() - t0
+        checkpoints.save(algo, epoch, {"metrics": metrics})
+        print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
+              f" | {epoch_steps * args.batch_size / seconds:.0f} transitions/s, {epoch_steps / seconds:.2f} updates/s")
+    writer.close()
+    final = args.run_dir / "final.d3"
+    with atomic_path(final) as tmp:
+        algo.save(str(tmp))
+    print(f"saved {final}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""REINFORCE baseline for the training-paradigm ablation (MORCA Table 4).
+
+    python scripts/train_reinforce.py --episodes 1600 --run-dir runs/reinforce
+    python scripts/train_reinforce.py ... --resume
+
+Same policy network as MORCA, masked, on-policy; checkpoints after every update
+(`<run-dir>/reinforce.pt`); load with `agents.reinforce.ReinforcePolicy.load(path)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+
+import morca_env  # noqa: F401
+from agents.reinforce import Reinforce, ReinforceConfig
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", default="{}")
+    p.add_argument("--episodes", type=int, default=1600)
+    p.add_argument("--episodes-per-update", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--features", default="p3,mean,var")
+    p.add_argument("--speedup-range", type=float, nargs=2, default=(1.5, 4.5))
+    p.add_argument("--run-dir", type=Path, default=Path("runs/reinforce"))
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if (args.run_dir / "reinforce.pt").exists() and not args.resume:
+        raise SystemExit(f"{args.run_dir} already holds a run; pass --resume or use another --run-dir")
+    env = gym.make(args.env, lpips=False, **json.loads(args.env_kwargs))
+    config = ReinforceConfig(learning_rate=args.lr, episodes_per_update=args.episodes_per_update,
+                             total_episodes=args.episodes, features=args.features,
+                             speedup_range=tuple(args.speedup_range), seed=args.seed)
+    trainer = Reinforce(env, config, args.run_dir)
+    history = trainer.train()
+    print(f"saved {trainer.checkpoint_path}; last rollout PSNR {history[-1]['rollout_psnr']:.2f} dB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
