@@ -7,6 +7,7 @@
 
 from gymnasium.envs.registration import register, registry
 
+from .accelerate import AccelerateResult, accelerate
 from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
 from .denoiser import DenoiserConfig, StepwiseDenoiser
 from .models.presets import PRESETS
@@ -19,5 +20,5 @@ for _preset in PRESETS.values():
     if _preset.env_id not in registry:
         register(id=_preset.env_id, entry_point="morca_env.env:MorcaEnv", kwargs={"model": _preset.name})
 
-__all__ = ["BudgetSpec", "DenoiserConfig", "ENV_IDS", "SpeedupCalibration", "StepwiseDenoiser",
+__all__ = ["AccelerateResult", "BudgetSpec", "accelerate", "DenoiserConfig", "ENV_IDS", "SpeedupCalibration", "StepwiseDenoiser",
            "forced_recompute_steps"]

@@ -17,12 +17,13 @@ from gymnasium import spaces
 
 from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
 from .denoiser import DenoiserConfig, StepwiseDenoiser
-from .features import feature_shapes, latent_features, stack_features
+from .features import feature_shapes
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
 from .models.presets import ModelPreset, get_preset, load_calibration
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
-from .signals import SIGNAL_KINDS, StepDistanceTracker, signal_input_for_step
+from .observation import ObservationBuilder
+from .signals import SIGNAL_KINDS, signal_input_for_step
 
 SCALAR_NAMES = ("d_t", "D_t", "t", "l_t", "u_t", "K", "cache_valid")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -175,7 +176,7 @@ class MorcaEnv(gym.Env):
         self.references = ReferenceCache(reference_cache_dir)
         self._fingerprint = self._pipeline_fingerprint()
         self._lpips = self._make_lpips(lpips)
-        self.tracker = StepDistanceTracker(kind=signal)
+        self.observer = ObservationBuilder(self.budget_spec, signal)
 
         channels = self.denoiser.in_channels
         shapes = feature_shapes(channels)
@@ -189,7 +190,6 @@ class MorcaEnv(gym.Env):
         self.action_space = spaces.Discrete(2)
         self._episode_active = False
         self._ended = False
-        self._mask = np.array([1, 0], dtype=np.int8)
         self.last_video: torch.Tensor | None = None
         self.reference_video: torch.Tensor | None = None
 
@@ -283,13 +283,10 @@ class MorcaEnv(gym.Env):
         self.reference_video, self.reference_latency = reference.video, reference.latency_s
 
         self.denoiser.start(prompt=self.prompt, seed=self.gen_seed)
-        self.tracker.reset()
+        self.observer.reset(self.budget, self.enforce_budget)
         self._overhead_s = 0.0
-        self.used = 0
         self.schedule: list[int] = []
         self.projected_count = 0
-        self._last_recompute: int | None = None
-        self._features_prev = self._features_last = None
         self._episode_active, self._ended = True, False
         obs = self._observe()
         info = {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
@@ -328,27 +325,21 @@ class MorcaEnv(gym.Env):
     def _observe(self) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         den, i = self.denoiser, self.denoiser.step_index
-        done = den.done
-        current = latent_features(den.latents)
-        if not done:
-            self.tracker.observe(signal_input_for_step(self.signal_kind, den), den.sigma(i))
-            cache_valid = den.cache_valid(i)
-            self._mask = (self.budget_spec.action_mask(i, self.used, self.budget, cache_valid) if self.enforce_budget
-                          else self.budget_spec.unconstrained_mask(i, cache_valid))
+        if den.done:
+            obs = self.observer.observe(None, den.latents)
         else:
-            cache_valid = False
-            self._mask = np.array([1, 0], dtype=np.int8)
-        pooled, temporal = stack_features(current, self._features_prev or current, self._features_last or current)
-        n = self.num_steps
-        since = 0 if self._last_recompute is None else i - self._last_recompute
-        scalars = np.array([
-            0.0 if done else self.tracker.distance,
-            0.0 if done else self.tracker.accumulated,
-            (n - i) / n, since / n, self.used / n, self.budget / n, float(cache_valid),
-        ], dtype=np.float32)
-        self._features_cur = current
+            obs = self.observer.observe(i, den.latents, signal_input_for_step(self.signal_kind, den), den.sigma(i),
+                                        den.cache_valid(i))
         self._overhead_s += time.perf_counter() - t0
-        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self._mask.copy()}
+        return obs
+
+    @property
+    def _mask(self) -> np.ndarray:
+        return self.observer.mask
+
+    @property
+    def used(self) -> int:
+        return self.observer.used
 
     def _parse_action(self, action) -> int:
         value = action
@@ -370,17 +361,9 @@ class MorcaEnv(gym.Env):
             raise RuntimeError("step() called before reset(); call reset() first")
         requested = self._parse_action(action)
         i = self.denoiser.step_index
-        executed, projected = self.budget_spec.project(requested, i, self.used, self.budget,
-                                                       self.denoiser.cache_valid(i), self.enforce_budget)
-        t0 = time.perf_counter()
-        self.tracker.record(executed)
-        self._features_prev = self._features_cur
-        if executed == 0:
-            self._last_recompute = i
-            self._features_last = self._features_cur
-        self._overhead_s += time.perf_counter() - t0
+        executed, projected = self.observer.project(requested, i, self.denoiser.cache_valid(i))
+        self.observer.record(i, executed)
         self.denoiser.step(reuse=bool(executed))
-        self.used += executed
         self.schedule.append(executed)
         self.projected_count += int(projected)
         info: dict[str, Any] = {"step": i, "action": executed, "requested_action": requested, "projected": projected,

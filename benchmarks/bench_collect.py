@@ -1,0 +1,42 @@
+"""Collection throughput on MorcaTiny: episodes per minute with 1 and 2 workers, measured in one run.
+
+    python benchmarks/bench_collect.py [--episodes 16] [--env MorcaTiny-v0]
+
+Each worker is a process with one torch thread. Both runs build a fresh dataset
+in a temporary Minari root, with references pre-generated so that only
+behaviour episodes are timed. Goal (issue): 2 workers >= 1.7x one worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--env", default="MorcaTiny-v0")
+    args = p.parse_args()
+    root = tempfile.mkdtemp(prefix="morca-bench-")
+    os.environ["MINARI_DATASETS_PATH"] = os.path.join(root, "minari")
+    os.environ["MORCA_CACHE_DIR"] = os.path.join(root, "cache")
+    from morca_env.data import collect_dataset
+
+    kwargs = {"prompts": "tiny-train", "speedup": [1.5, 4.5], "lpips": False}
+    # warm the reference cache (same seeds as the timed runs) so both runs time episodes only
+    collect_dataset("bench/warm-v0", args.env, args.episodes, env_kwargs=kwargs, progress=False)
+    rates = {}
+    for workers in (1, 2):
+        t0 = time.perf_counter()
+        collect_dataset(f"bench/w{workers}-v0", args.env, args.episodes, env_kwargs=kwargs, workers=workers,
+                        progress=False)
+        rates[workers] = 60 * args.episodes / (time.perf_counter() - t0)
+        print(f"{workers} worker(s): {rates[workers]:.1f} episodes/min")
+    print(f"speedup with 2 workers: {rates[2] / rates[1]:.2f}x (goal >= 1.7x)")
+
+
+if __name__ == "__main__":
+    main()

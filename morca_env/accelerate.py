@@ -1,0 +1,164 @@
+"""Deployment: let a cache scheduler drive a stock diffusers `WanPipeline` call under an exact reuse budget.
+
+    result = morca_env.accelerate(pipe, policy, speedup=3.0, prompt="a cat surfing", num_inference_steps=50)
+    frames, schedule = result.output.frames, result.schedule
+
+`policy` is any scheduler with the `reset(obs, info)` / `policy(obs) -> action`
+protocol (a trained `agents.MorcaPolicy`, `UniformInterval`, `SeaCacheThreshold`,
+...). For the duration of the call, hooks on each transformer build the
+scheduler's observation at the first (cond) transformer call of every step, ask
+the policy, project its action onto the feasible set (so exactly K steps reuse)
+and set the residual cache; the uncond branch follows the same decision. The
+hooks are removed afterwards, whatever happens. With K = 0 the output is exactly
+the stock pipeline's.
+
+Note for MorcaTiny (pixel space, no VAE): `WanPipeline` assumes a 4x temporal
+VAE and turns `num_frames=F` into F + 1 frames when the temporal factor is 1;
+ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.hooks import BaseState, StateManager
+
+from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from .cache import ResidualCache
+from .observation import ObservationBuilder
+from .signals import official_signal_input
+
+_DECISION_HOOK = "morca_decision"
+
+
+@dataclass
+class AccelerateResult:
+    output: Any  # what the pipeline returned
+    schedule: list[int] = field(default_factory=list)  # executed actions (1 = reuse)
+    budget: int = 0
+    num_projected: int = 0  # scheduler actions that were infeasible and got projected
+    latency_s: float = 0.0
+
+
+class _NoState(BaseState):
+    def reset(self):
+        pass
+
+
+class _DecisionHook(ModelHook):
+    """Runs before every transformer call; decides at the first branch of each step."""
+
+    _is_stateful = True  # so that cache_context reaches our StateManager
+
+    def __init__(self, run: "_Run", expert: int):
+        super().__init__()
+        self.run, self.expert = run, expert
+        self.states = StateManager(_NoState)
+
+    def pre_forward(self, module, *args, **kwargs):
+        context = self.states._context
+        if context is None or context.step_index is None:
+            raise RuntimeError("accelerate() needs a pipeline that calls the transformer inside "
+                               "cache_context(name, step_index=..., sigma=...), as diffusers' WanPipeline does")
+        if context.name == "cond":
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            timestep = kwargs["timestep"] if "timestep" in kwargs else args[1]
+            self.run.decide(module, self.expert, int(context.step_index), float(context.sigma), hidden, timestep)
+        return args, kwargs
+
+    def reset_state(self, module):
+        self.states.reset()
+        return module
+
+
+class _Run:
+    def __init__(self, pipe, policy, spec: BudgetSpec, budget: int, signal: str, branches):
+        self.pipe, self.policy, self.spec, self.budget = pipe, policy, spec, budget
+        self.signal = signal
+        self.experts = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+        self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
+        for cache in self.caches:
+            cache.claim(self)
+        self.builder = ObservationBuilder(spec, signal)
+        self.builder.reset(budget)
+        self.branches = branches
+        self.result = AccelerateResult(output=None, budget=budget)
+        self.hooks = []
+        for index, model in enumerate(self.experts):
+            registry = HookRegistry.check_if_exists_or_initialize(model)
+            registry.register_hook(_DecisionHook(self, index), _DECISION_HOOK)
+            registry.invalidate_child_registries_cache()
+            self.hooks.append(registry)
+
+    @torch.no_grad()
+    def decide(self, module, expert: int, step: int, sigma: float, hidden, timestep) -> None:
+        cache = self.caches[expert]
+        valid = cache.is_valid(self.branches())
+        signal_input = (official_signal_input(module, hidden, timestep) if self.signal == "official" else hidden)
+        obs = self.builder.observe(step, hidden, signal_input, sigma, valid)
+        if step == 0:
+            self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
+                                    "budget": self.budget, "target_speedup": None})
+        executed, projected = self.builder.project(int(self.policy(obs)), step, valid)
+        self.builder.record(step, executed)
+        cache.reuse = bool(executed)
+        self.result.schedule.append(executed)
+        self.result.num_projected += int(projected)
+
+    def close(self) -> None:
+        for registry in self.hooks:
+            registry.remove_hook(_DECISION_HOOK, recurse=False)
+            registry.invalidate_child_registries_cache()
+        for cache in self.caches:
+            cache.reuse = False
+            cache.detach(self)
+
+
+def _switch_step(pipe, num_steps: int) -> int | None:
+    if getattr(pipe, "transformer_2", None) is None:
+        return None
+    scheduler = copy.deepcopy(pipe.scheduler)
+    scheduler.set_timesteps(num_steps)
+    boundary = pipe.config.boundary_ratio * scheduler.config.num_train_timesteps
+    low = [i for i, t in enumerate(scheduler.timesteps) if t < boundary]
+    return low[0] if low else None
+
+
+def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None = None,
+               calibration: SpeedupCalibration | str = "wan21", signal: str = "official",
+               **call_kwargs) -> AccelerateResult:
+    """Call `pipe(**call_kwargs)` with `policy` deciding cache reuse under an exact budget.
+
+    Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`
+    or a registered model name, "wan21", "wan22" or "tiny").
+    """
+    if (speedup is None) == (budget is None):
+        raise ValueError(f"pass exactly one of speedup or budget (got speedup={speedup!r}, budget={budget!r})")
+    num_steps = call_kwargs.get("num_inference_steps", 50)
+    spec = BudgetSpec(num_steps, forced_recompute_steps(num_steps, _switch_step(pipe, num_steps)))
+    if budget is None:
+        if isinstance(calibration, str):
+            from .models.presets import load_calibration
+
+            calibration = load_calibration(calibration, num_steps, spec.max_budget)
+        budget = calibration.budget_for_speedup(speedup)
+    budget = spec.check_budget(budget)
+    guidance = call_kwargs.get("guidance_scale", 5.0)
+    branches = lambda: ("cond", "uncond") if guidance > 1.0 else ("cond",)  # noqa: E731
+    run = _Run(pipe, policy, spec, budget, signal, branches)
+    t0 = time.perf_counter()
+    try:
+        output = pipe(**call_kwargs)
+    finally:
+        run.close()
+    run.result.output = output
+    run.result.latency_s = time.perf_counter() - t0
+    if sum(run.result.schedule) != budget or len(run.result.schedule) != num_steps:
+        raise RuntimeError(f"executed {sum(run.result.schedule)} reuses in {len(run.result.schedule)} steps, "
+                           f"expected {budget} in {num_steps}: the pipeline did not run the expected steps")
+    return run.result

@@ -1,0 +1,65 @@
+"""The scheduler's state z_t (paper Sec. 3.2) built step by step, shared by MorcaEnv and `accelerate`.
+
+z_t = (d_t, D_t, t, l_t, phi(x_t), phi(x_{t+1}), phi(x_{j_t}), u_t, K) plus the
+cache-valid bit and the feasible-action mask. Call `observe` before each step's
+decision and `record` with the executed action.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .budget import BudgetSpec
+from .features import latent_features, stack_features
+from .signals import StepDistanceTracker
+
+TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
+
+
+class ObservationBuilder:
+    def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0):
+        self.spec = spec
+        self.tracker = StepDistanceTracker(kind=signal_kind, power_exp=power_exp)
+        self.reset(0)
+
+    def reset(self, budget: int, enforce_budget: bool = True) -> None:
+        self.budget = budget
+        self.enforce_budget = enforce_budget
+        self.used = 0
+        self.last_recompute: int | None = None
+        self.tracker.reset()
+        self._current = self._previous = self._last = None
+        self.mask = TERMINAL_MASK.copy()
+
+    def observe(self, step: int | None, latents: torch.Tensor, signal_input: torch.Tensor | None = None,
+                sigma: float | None = None, cache_valid: bool = False) -> dict[str, np.ndarray]:
+        """The observation before step `step`'s decision (`step=None`: the terminal observation)."""
+        n = self.spec.num_steps
+        current = latent_features(latents)
+        if step is not None:
+            self.tracker.observe(signal_input, sigma)
+            self.mask = (self.spec.action_mask(step, self.used, self.budget, cache_valid) if self.enforce_budget
+                         else self.spec.unconstrained_mask(step, cache_valid))
+            distance, accumulated, index = self.tracker.distance, self.tracker.accumulated, step
+        else:
+            cache_valid, distance, accumulated, index = False, 0.0, 0.0, n
+            self.mask = TERMINAL_MASK.copy()
+        pooled, temporal = stack_features(current, self._previous or current, self._last or current)
+        since = 0 if self.last_recompute is None else index - self.last_recompute
+        scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
+                            float(cache_valid)], dtype=np.float32)
+        self._current = current
+        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
+
+    def project(self, action: int, step: int, cache_valid: bool) -> tuple[int, bool]:
+        return self.spec.project(action, step, self.used, self.budget, cache_valid, self.enforce_budget)
+
+    def record(self, step: int, action: int) -> None:
+        """Update the state with the executed action of `step`."""
+        self.tracker.record(action)
+        self._previous = self._current
+        if action == 0:
+            self.last_recompute = step
+            self._last = self._current
+        self.used += int(action)

@@ -1,0 +1,265 @@
+"""Evaluate cache schedulers against the no-cache reference: the paper's Table 2, Pareto and schedule plots, videos.
+
+    python scripts/evaluate.py --methods uniform seacache-global seacache-exact random \
+        morca-offline=runs/offline/final.d3 morca-online=runs/online/final.d3 reinforce=runs/reinforce/reinforce.pt
+    python scripts/evaluate.py ... --prompts 50 --targets 2 3 4 --out runs/eval        # resumable
+
+Methods: `uniform` (uniform interval), `random` (random feasible), `seacache-exact`
+(SeaCache with the per-video threshold that spends exactly K), `seacache-global`
+(one threshold per target, g(rho) from `scripts/calibrate.py --thresholds`,
+tuned on training prompts as the paper tunes it; its K varies per video),
+`morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`. Every episode appends a
+line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
+`table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
+Latency includes the scheduler's own inference time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import morca_env  # noqa: F401
+from morca_env import policies
+from morca_env.models.presets import load_threshold_map
+from morca_env.video import side_by_side, write_video
+
+RULES = ("uniform", "random", "seacache-exact", "seacache-global")
+
+
+def load_method(name: str, spec: str | None, env, free_env):
+    """-> (policy, env it runs in)."""
+    if name == "uniform":
+        return policies.UniformInterval(), env
+    if name == "random":
+        return policies.RandomFeasible(seed=0), env
+    if name == "seacache-exact":
+        return policies.SeaCacheExactBudget(env), env
+    if name == "seacache-global":
+        return GlobalSeaCache(load_threshold_map(env.unwrapped.preset.name)), free_env
+    if spec is None:
+        raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
+    if spec.endswith(".pt"):
+        from agents.reinforce import ReinforcePolicy
+
+        return ReinforcePolicy.load(spec), env
+    from agents import MorcaPolicy
+
+    return MorcaPolicy.load(spec), env
+
+
+class GlobalSeaCache(policies.SeaCacheThreshold):
+    """SeaCache with one threshold per target speedup (no budget: runs in the budget-free env)."""
+
+    def __init__(self, threshold_map):
+        super().__init__(1.0)
+        self.g = threshold_map
+
+    def reset(self, obs, info) -> None:
+        self.delta = self.g(info["target_speedup"])
+
+
+def run_episode(env, policy, options):
+    obs, info = env.reset(options=options)
+    t0 = time.perf_counter()
+    policy.reset(obs, info)
+    policy_time = time.perf_counter() - t0
+    done = False
+    while not done:
+        t0 = time.perf_counter()
+        action = policy(obs)
+        policy_time += time.perf_counter() - t0
+        obs, _, done, _, info = env.step(action)
+    return info, policy_time
+
+
+def parse_methods(items):
+    methods = []
+    for item in items:
+        name, _, spec = item.partition("=")
+        methods.append((name, spec or None))
+    return methods
+
+
+def summarise(rows, targets, methods):
+    table = []
+    for target in targets:
+        for name, _ in methods:
+            sel = [r for r in rows if r["method"] == name and r["target"] == target]
+            if not sel:
+                continue
+            entry = {"target": target, "method": name, "episodes": len(sel),
+                     "latency_s": float(np.mean([r["latency_s"] for r in sel])),
+                     "speedup": float(np.mean([r["speedup"] for r in sel])),
+                     "K": float(np.mean([r["num_reuse"] for r in sel])),
+                     "psnr": float(np.mean([r["psnr"] for r in sel])), "psnr_std": float(np.std([r["psnr"] for r in sel])),
+                     "ssim": float(np.mean([r["ssim"] for r in sel]))}
+            if all("lpips" in r for r in sel):
+                entry["lpips"] = float(np.mean([r["lpips"] for r in sel]))
+            table.append(entry)
+    return table
+
+
+def paired_difference(rows, method, baseline, target):
+    a = {r["prompt_index"]: r["psnr"] for r in rows if r["method"] == method and r["target"] == target}
+    b = {r["prompt_index"]: r["psnr"] for r in rows if r["method"] == baseline and r["target"] == target}
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    diff = np.array([a[i] - b[i] for i in common])
+    return float(diff.mean()), float(diff.std()), float(1.96 * diff.std() / np.sqrt(len(diff))), len(diff)
+
+
+def write_tables(out: Path, table, rows, methods, targets, reference_latency):
+    lines = ["| target | method | K | latency (s) | speedup | PSNR (dB) | SSIM | LPIPS |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| - | no cache (reference) | 0 | {reference_latency:.3f} | 1.00x | - | - | - |"]
+    for e in table:
+        lpips = f"{e['lpips']:.4f}" if "lpips" in e else "n/a"
+        lines.append(f"| {e['target']:.1f}x | {e['method']} | {e['K']:.1f} | {e['latency_s']:.3f} | {e['speedup']:.2f}x | "
+                     f"{e['psnr']:.2f} ± {e['psnr_std']:.2f} | {e['ssim']:.4f} | {lpips} |")
+    notes = []
+    names = [m for m, _ in methods]
+    for learned in [m for m in names if m.startswith("morca")]:
+        for baseline in ("seacache-exact", "seacache-global"):
+            if baseline not in names:
+                continue
+            for target in targets:
+                d = paired_difference(rows, learned, baseline, target)
+                if d:
+                    notes.append(f"- {learned} - {baseline} at {target:.1f}x: {d[0]:+.2f} dB "
+                                 f"(std over prompts {d[1]:.2f}, 95% CI ±{d[2]:.2f}, n={d[3]})")
+        errs = [abs(e["speedup"] - e["target"]) for e in table if e["method"] == learned]
+        if errs:
+            notes.append(f"- {learned} speedup control: mean |realised - target| = {np.mean(errs):.3f}")
+    text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+    (out / "table.md").write_text(text)
+    with open(out / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["target", "method", "episodes", "K", "latency_s", "speedup", "psnr",
+                                               "psnr_std", "ssim", "lpips"])
+        writer.writeheader()
+        for e in table:
+            writer.writerow(e)
+    return text
+
+
+def plot_pareto(out: Path, table):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for method in dict.fromkeys(e["method"] for e in table):
+        pts = sorted((e["speedup"], e["psnr"], e["psnr_std"]) for e in table if e["method"] == method)
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, ys, yerr=np.array(es) / 2, marker="o", capsize=3, label=method,
+                    linewidth=2.5 if method.startswith("morca") else 1.2)
+    ax.set_xlabel("measured speedup (x)")
+    ax.set_ylabel("PSNR vs no-cache reference (dB)")
+    ax.set_title("quality against speed (error bars: ±std/2 over prompts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=130)
+    plt.close(fig)
+
+
+def plot_schedules(out: Path, schedules: dict[str, list[int]], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(schedules)
+    grid = np.array([schedules[n] for n in names])
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
+    ax.imshow(grid, aspect="auto", cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("denoising step (dark = reuse, light = recompute)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "schedules.png", dpi=130)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", default="{}")
+    p.add_argument("--suite", help="prompt suite (default: the env's held-out eval suite)")
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 3.0, 4.0])
+    p.add_argument("--methods", nargs="+", default=["uniform", "seacache-global", "seacache-exact", "random"])
+    p.add_argument("--out", type=Path, default=Path("runs/eval"))
+    p.add_argument("--videos", type=int, default=3, help="prompts to render side by side (at the middle target)")
+    p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    kwargs = {"lpips": args.lpips, **json.loads(args.env_kwargs)}
+    env = gym.make(args.env, budget=0, prompts=args.suite or morca_env.models.presets.PRESETS[
+        gym.spec(args.env).kwargs["model"]].eval_suite, **kwargs)
+    free_env = gym.make(args.env, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
+                        prompts=env.unwrapped.suite, **{k: v for k, v in kwargs.items() if k != "model_id"})
+    methods = parse_methods(args.methods)
+    loaded = {name: load_method(name, spec, env, free_env) for name, spec in methods}
+    pairs = env.unwrapped.suite.pairs()[: args.prompts]
+    log = args.out / "episodes.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
+    todo = [(t, i, m) for t in args.targets for i in range(len(pairs)) for m, _ in methods if (m, t, i) not in done]
+    middle = args.targets[len(args.targets) // 2]
+    videos = defaultdict(dict)
+    schedules = {}
+    with open(log, "a") as f:
+        for target, index, name in tqdm(todo, desc="evaluate", unit="episode"):
+            policy, method_env = loaded[name]
+            prompt, seed = pairs[index]
+            info, policy_time = run_episode(method_env, policy, {"prompt": prompt, "seed": seed, "speedup": target})
+            latency = info["latency_s"] + policy_time
+            row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
+                   "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
+                   "latency_s": latency, "policy_s": policy_time, "speedup": info["reference_latency_s"] / latency,
+                   "schedule": info["schedule"]}
+            if "lpips" in info:
+                row["lpips"] = info["lpips"]
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            rows.append(row)
+            if target == middle and index < args.videos:
+                videos[index]["reference"] = method_env.unwrapped.reference_video
+                videos[index][f"{name} {row['psnr']:.1f}dB"] = method_env.unwrapped.last_video
+    for index, vids in videos.items():
+        write_video(side_by_side(vids), args.out / f"video_{index:03d}.gif")
+        write_video(side_by_side(vids, min_height=256), args.out / f"video_{index:03d}.mp4")
+    table = summarise(rows, args.targets, methods)
+    reference_latency = float(np.mean([r["latency_s"] * r["speedup"] for r in rows])) if rows else 0.0
+    text = write_tables(args.out, table, rows, methods, args.targets, reference_latency)
+    plot_pareto(args.out, table)
+    first = [r for r in rows if r["prompt_index"] == 0 and r["target"] == middle]
+    same_k = [r for r in first if r["method"] != "seacache-global"]
+    if same_k:
+        schedules = {r["method"]: r["schedule"] for r in same_k}
+        plot_schedules(args.out, schedules, f"schedules at {middle:.1f}x, K={same_k[0]['num_reuse']}: {pairs[0][0]}")
+    print("\n" + text)
+    print(f"wrote {args.out}/table.md, table.csv, pareto.png, schedules.png and videos")
+    for policy, _ in loaded.values():
+        if hasattr(policy, "close"):
+            policy.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+import torch
+
+import morca_env
+from morca_env.policies import RandomFeasible, SeaCacheThreshold, UniformInterval
+from tests.conftest import make_pipe, prompt_embeds
+
+CALL = dict(height=32, width=32, num_frames=9, num_inference_steps=12, output_type="latent", guidance_scale=5.0)
+
+
+def call(pipe, seed=0, **extra):
+    embeds = prompt_embeds()
+    return dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1],
+                generator=torch.Generator().manual_seed(seed), **{**CALL, **extra})
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+def test_budget_zero_is_exactly_the_stock_pipeline(kind):
+    pipe = make_pipe(kind, with_text_encoder=False, with_vae=True)
+    extra = {"guidance_scale_2": 3.0} if kind == "wan22" else {}
+    stock = pipe(**call(pipe, **extra)).frames
+    result = morca_env.accelerate(pipe, UniformInterval(), budget=0, **call(pipe, **extra))
+    assert torch.equal(result.output.frames, stock)
+    assert result.schedule == [0] * 12
+    for block in pipe.transformer.blocks:  # hooks removed afterwards
+        assert not block._diffusers_hook.hooks
+    assert not pipe.transformer._diffusers_hook.hooks
+    assert torch.equal(pipe(**call(pipe, **extra)).frames, stock)
+
+
+@pytest.mark.parametrize("policy", [UniformInterval(), RandomFeasible(3), SeaCacheThreshold(0.2)])
+def test_budget_executes_exactly_k_reuses(policy):
+    pipe = make_pipe("wan22", with_text_encoder=False, with_vae=True)
+    result = morca_env.accelerate(pipe, policy, budget=5, **call(pipe, guidance_scale_2=3.0))
+    assert sum(result.schedule) == 5 and result.schedule[0] == result.schedule[-1] == 0
+    stock = pipe(**call(pipe, guidance_scale_2=3.0)).frames
+    assert (result.output.frames - stock).abs().max() > 0  # reuse changed the result
+
+
+def test_accelerate_matches_the_env_schedule_and_video(tmp_path):
+    """The same policy through accelerate() and through MorcaEnv executes the same schedule."""
+    import gymnasium as gym
+
+    pipe = make_pipe("wan21", with_text_encoder=True, with_vae=True, vocabulary=["red", "ball"])
+    env = gym.make("MorcaWan21-v0", pipeline=pipe, budget=4, num_inference_steps=12, height=32, width=32,
+                   num_frames=9, prompts=["a red ball"], lpips=False, reference_cache_dir=str(tmp_path))
+    policy = SeaCacheThreshold(0.3)
+    obs, info = env.reset(options={"seed": 5})
+    policy.reset(obs, info)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy(obs))
+    env.close()
+    result = morca_env.accelerate(pipe, policy, budget=4, prompt="a red ball",
+                                  generator=torch.Generator().manual_seed(5), max_sequence_length=512,
+                                  **{**CALL, "output_type": "np"})
+    assert result.schedule == info["schedule"]
+    video = torch.from_numpy(result.output.frames[0])
+    assert (morca_env.metrics.to_uint8(video) == env.unwrapped.last_video).float().mean() > 0.99
+
+
+def test_speedup_uses_calibration_and_bad_input():
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    calib = morca_env.SpeedupCalibration(alpha=12.0, beta=12.0, max_budget=10)
+    result = morca_env.accelerate(pipe, UniformInterval(), speedup=2.0, calibration=calib, **call(pipe))
+    assert sum(result.schedule) == calib.budget_for_speedup(2.0) == 6
+    with pytest.raises(ValueError, match="exactly one of speedup or budget"):
+        morca_env.accelerate(pipe, UniformInterval(), **call(pipe))
+    with pytest.raises(ValueError, match=r"budget K=11 is outside the feasible range \[0, 10\]"):
+        morca_env.accelerate(pipe, UniformInterval(), budget=11, **call(pipe))
+    assert not pipe.transformer.blocks[0]._diffusers_hook.hooks
