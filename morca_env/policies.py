@@ -113,6 +113,42 @@ def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float,
     return schedule
 
 
+def seacache_exact_schedule(denoiser, kind: str, prompt: str, seed: int, spec: BudgetSpec, budget: int,
+                            iterations: int = 12) -> tuple[list[int], float, int]:
+    """Bisection on SeaCache's threshold for the schedule with `budget` reuses: (schedule, delta, replays).
+
+    When no threshold gives exactly `budget` (the count can jump), the closest
+    schedule is returned; playing it in an exact-budget env lets the mask fix the rest.
+    """
+    if budget == 0:
+        return [0] * spec.num_steps, 0.0, 0
+    best: tuple[int, float, list[int]] | None = None
+    replays = 0
+
+    def reuses_at(delta: float) -> int:
+        nonlocal best, replays
+        replays += 1
+        schedule = seacache_free_run(denoiser, kind, prompt, seed, delta, spec.forced, stop_above=budget)
+        count = sum(schedule)
+        if best is None or abs(count - budget) < best[0]:
+            best = (abs(count - budget), delta, schedule)
+        return count
+
+    lo, hi = 0.0, 0.05
+    while reuses_at(hi) < budget and hi < 1e6:
+        lo, hi = hi, hi * 4
+    for _ in range(iterations):
+        if best[0] == 0:
+            break
+        mid = (lo + hi) / 2
+        if reuses_at(mid) < budget:
+            lo = mid
+        else:
+            hi = mid
+    _, delta, schedule = best
+    return (schedule + [0] * spec.num_steps)[:spec.num_steps], delta, replays
+
+
 class SeaCacheExactBudget(_FixedSchedule):
     """SeaCache with the per-episode threshold that yields exactly K reuses (bisection on replays).
 
@@ -138,38 +174,11 @@ class SeaCacheExactBudget(_FixedSchedule):
         self.prompt, self.seed = info["prompt"], info["seed"]
         super().reset(obs, info)
 
-    def _run(self, delta: float, budget: int) -> list[int]:
-        self.replays += 1
-        return seacache_free_run(self._denoiser, self.env.signal_kind, self.prompt, self.seed, delta,
-                                 self.spec.forced, stop_above=budget)
-
     def plan(self, spec, budget):
-        if budget == 0:
-            self.last_delta = 0.0
-            return [0] * spec.num_steps
-        best: tuple[int, float, list[int]] | None = None
-
-        def consider(delta):
-            nonlocal best
-            schedule = self._run(delta, budget)
-            reuses = sum(schedule)
-            if best is None or abs(reuses - budget) < best[0]:
-                best = (abs(reuses - budget), delta, schedule)
-            return reuses
-
-        lo, hi = 0.0, 0.05
-        while consider(hi) < budget and hi < 1e6:
-            lo, hi = hi, hi * 4
-        for _ in range(self.iterations):
-            if best[0] == 0:
-                break
-            mid = (lo + hi) / 2
-            if consider(mid) < budget:
-                lo = mid
-            else:
-                hi = mid
-        _, self.last_delta, schedule = best
-        return (schedule + [0] * spec.num_steps)[:spec.num_steps]
+        schedule, self.last_delta, replays = seacache_exact_schedule(
+            self._denoiser, self.env.signal_kind, self.prompt, self.seed, spec, budget, self.iterations)
+        self.replays += replays
+        return schedule
 
     def close(self) -> None:
         if self._denoiser is not None:

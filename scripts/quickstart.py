@@ -1,82 +1,84 @@
-"""MORCA gym quickstart on MorcaTiny-v0 (the packaged CPU model).
+"""MORCA gym quickstart: the paper's whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~10 min).
 
-    python scripts/quickstart.py [--prompts 3] [--targets 2 3 4] [--out runs/quickstart]
+    python scripts/quickstart.py                      # quick sizes (the README's main command)
+    python scripts/quickstart.py --scale paper        # the paper's sizes (hours on a CPU)
+    python scripts/quickstart.py --episodes 300 --offline-epochs 10 ...   # anything in between
 
-Runs rule schedulers at 2x / 3x / 4x target speedups on held-out `tiny-eval`
-prompts, prints mean PSNR / SSIM / measured speedup per method and target,
-and writes a side-by-side GIF (reference | schedulers) for the first prompt.
-The learned MORCA scheduler (offline IQL + online fine-tuning) joins this table
-once the agents are in; until then this is the rule-based demo.
+Runs the same scripts you would run at full scale, one after the other:
+  1. scripts/collect.py          offline trajectories (random threshold curves) -> Minari dataset
+  2. scripts/train_offline.py    offline discrete IQL
+  3. scripts/finetune_online.py  online fine-tuning rounds
+  4. scripts/evaluate.py         MORCA vs SeaCache (global threshold) and uniform at 2x / 3x / 4x on
+                                 held-out tiny-eval prompts: table, Pareto plot, schedule plot, videos
+Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
+re-running resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
-import torch
-from tqdm import tqdm
+ROOT = Path(__file__).resolve().parents[1]
+SCALES = {
+    "quick": dict(episodes=64, workers=2, offline_epochs=6, max_steps_per_epoch=40, rounds=2, trajectories=8,
+                  warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8),
+    "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
+                  warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200),
+}
 
-import morca_env  # noqa: F401
-from morca_env.policies import RandomFeasible, SeaCacheExactBudget, UniformInterval
-from morca_env.video import side_by_side, write_video
 
-
-def run(env, policy, options):
-    obs, info = env.reset(options=options)
-    policy.reset(obs, info)
-    done = False
-    while not done:
-        obs, _, done, _, info = env.step(policy(obs))
-    return info, env.unwrapped.last_video
+def run(step: str, args: list[str], env: dict) -> None:
+    print(f"\n=== {step}: python {' '.join(args)}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, *args], cwd=ROOT, env=env, check=True)
+    print(f"=== {step} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=3)
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 3.0, 4.0])
+    p.add_argument("--scale", choices=tuple(SCALES), default="quick")
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"))
-    p.add_argument("--threads", type=int, default=2)
+    for name, value in SCALES["quick"].items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None)
+    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 3.0, 4.0])
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    t_start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = gym.make("MorcaTiny-v0", prompts="tiny-eval", reference_cache_dir=str(args.out / "references"))
-    methods = {"uniform": UniformInterval(), "seacache (exact K)": SeaCacheExactBudget(env), "random": RandomFeasible(0)}
-    pairs = env.unwrapped.suite.pairs()[: args.prompts]
-    results = defaultdict(list)
-    videos = {}
-    bar = tqdm(total=len(args.targets) * len(pairs) * len(methods), desc="quickstart", unit="episode")
-    for target in args.targets:
-        for index, (prompt, seed) in enumerate(pairs):
-            for name, policy in methods.items():
-                info, video = run(env, policy, {"prompt": prompt, "seed": seed, "speedup": target})
-                results[(name, target)].append(info)
-                if index == 0 and target == args.targets[len(args.targets) // 2]:
-                    videos["reference"] = env.unwrapped.reference_video
-                    videos[f"{name} {info['psnr']:.1f}dB"] = video
-                bar.update()
-    bar.close()
-    lines = ["| method | target | K | PSNR (dB) | SSIM | measured speedup |", "|---|---|---|---|---|---|"]
-    for (name, target), infos in results.items():
-        psnr = np.mean([min(i["psnr"], 99.0) for i in infos])
-        lines.append(f"| {name} | {target:.1f}x | {infos[0]['budget']} | {psnr:.2f} | "
-                     f"{np.mean([i['ssim'] for i in infos]):.4f} | {np.mean([i['speedup'] for i in infos]):.2f}x |")
-    table = "\n".join(lines)
-    print("\n" + table)
-    (args.out / "results.md").write_text(table + "\n")
-    (args.out / "results.json").write_text(json.dumps({f"{k[0]}@{k[1]}": v for k, v in results.items()}, indent=1,
-                                                      default=float))
-    gif = write_video(side_by_side(videos), args.out / "comparison.gif")
-    print(f"\nwrote {args.out / 'results.md'}, {gif} ({time.perf_counter() - t_start:.0f} s)")
-    methods["seacache (exact K)"].close()
-    env.close()
+    sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(out / "minari"), "MORCA_CACHE_DIR": str(out / "cache"),
+           "PYTHONUNBUFFERED": "1"}
+    dataset = "morca/tiny/quickstart-v0"
+    t0 = time.perf_counter()
+    cap = lambda n: ["--max-steps-per-epoch", str(n)] if n else []  # noqa: E731
+
+    run("1/4 collect", ["scripts/collect.py", "datasets/morca/tiny/random-v0.json", "--dataset-id", dataset,
+                        "--episodes", str(sizes["episodes"]), "--workers", str(sizes["workers"])], env)
+    offline = out / "offline"
+    offline_args = ["scripts/train_offline.py", "--dataset", dataset, "--epochs", str(sizes["offline_epochs"]),
+                    "--run-dir", str(offline), *cap(sizes["max_steps_per_epoch"])]
+    if (offline / "latest.json").exists():
+        offline_args.append("--resume")
+    run("2/4 offline IQL", offline_args, env)
+    online = out / "online"
+    online_args = ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"), "--dataset", dataset,
+                   "--rounds", str(sizes["rounds"]), "--trajectories", str(sizes["trajectories"]),
+                   "--warmup-epochs", str(sizes["warmup_epochs"]), "--joint-epochs", str(sizes["joint_epochs"]),
+                   "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"])]
+    if (online / "latest.json").exists():
+        online_args.append("--resume")
+    run("3/4 online fine-tuning", online_args, env)
+    run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
+                         "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",
+                         f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
+    print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")
+    for name in ("table.md", "pareto.png", "schedules.png", "video_000.gif"):
+        print(f"  {out / 'eval' / name}")
+    print(f"  TensorBoard logs: tensorboard --logdir {out}")
     return 0
 
 
