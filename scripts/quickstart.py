@@ -18,25 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runner import ROOT, resume_flag, run
+
 SCALES = {
     "quick": dict(episodes=64, workers=2, offline_epochs=6, max_steps_per_epoch=40, rounds=2, trajectories=8,
                   warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8),
     "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
                   warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200),
 }
-
-
-def run(step: str, args: list[str], env: dict) -> None:
-    print(f"\n=== {step}: python {' '.join(args)}", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, *args], cwd=ROOT, env=env, check=True)
-    print(f"=== {step} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def main(argv=None) -> int:
@@ -60,17 +53,13 @@ def main(argv=None) -> int:
                         "--episodes", str(sizes["episodes"]), "--workers", str(sizes["workers"])], env)
     offline = out / "offline"
     offline_args = ["scripts/train_offline.py", "--dataset", dataset, "--epochs", str(sizes["offline_epochs"]),
-                    "--run-dir", str(offline), *cap(sizes["max_steps_per_epoch"])]
-    if (offline / "latest.json").exists():
-        offline_args.append("--resume")
+                    "--run-dir", str(offline), *cap(sizes["max_steps_per_epoch"]), *resume_flag(offline)]
     run("2/4 offline IQL", offline_args, env)
     online = out / "online"
     online_args = ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"), "--dataset", dataset,
                    "--rounds", str(sizes["rounds"]), "--trajectories", str(sizes["trajectories"]),
                    "--warmup-epochs", str(sizes["warmup_epochs"]), "--joint-epochs", str(sizes["joint_epochs"]),
-                   "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"])]
-    if (online / "latest.json").exists():
-        online_args.append("--resume")
+                   "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"]), *resume_flag(online)]
     run("3/4 online fine-tuning", online_args, env)
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",

@@ -1,0 +1,50 @@
+"""Table 3 ablation: which latent features the scheduler state includes (offline IQL, ~3x speedup).
+
+    python scripts/ablation_features.py --dataset morca/tiny/random-v0 --epochs 20 --prompts 50
+
+Trains offline IQL once per variant (A0: none ... all of P3, P2 mean, P2 variance)
+with scripts/train_offline.py and evaluates all variants together with
+scripts/evaluate.py at the target speedup on held-out prompts. Resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from _runner import ROOT, resume_flag, run
+
+VARIANTS = {"A0": "", "A1": "p3", "A2": "mean", "A3": "var", "A4": "p3,mean", "A5": "p3,var", "A6": "mean,var",
+            "full": "p3,mean,var"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="morca/tiny/random-v0")
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--max-steps-per-epoch", type=int)
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--target", type=float, default=3.0)
+    p.add_argument("--out", type=Path, default=Path("runs/ablation_features"))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = p.parse_args(argv)
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    env = dict(os.environ)
+    methods = []
+    for name in args.variants:
+        run_dir = out / name
+        cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
+        if not (run_dir / "final.d3").exists():
+            run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
+                ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.epochs),
+                 "--features", VARIANTS[name], "--run-dir", str(run_dir), *cap, *resume_flag(run_dir)], env)
+        methods.append(f"morca-{name}={run_dir / 'final.d3'}")
+    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", str(args.target),
+                     "--out", str(out / "eval"), "--videos", "0", "--methods", *methods], env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
