@@ -62,13 +62,30 @@ def _hidden_states(args, kwargs) -> torch.Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
 
 
-class _LeaderHook(ModelHook):
-    _is_stateful = True
+class _CacheHook(ModelHook):
+    """Shared by the leader and the other block hooks: per-branch state, the shared controller."""
+
+    _is_stateful = True  # so that `cache_context` sets the context on our StateManager
 
     def __init__(self, config: ResidualCacheConfig, states: StateManager, controller: _Controller, is_tail: bool):
         super().__init__()
         self.config, self.states, self.controller, self.is_tail = config, states, controller, is_tail
 
+    def _finish(self, state: "_BranchState", output: torch.Tensor) -> torch.Tensor:
+        if self.is_tail:
+            state.residual = (output.to(self.config.residual_dtype)
+                              - state.block_input.to(self.config.residual_dtype)).detach()
+            state.block_input = None
+            self.controller.cached_branches.add(self.states.context.name)
+        return output
+
+    def reset_state(self, module):
+        self.states.reset()
+        self.controller.cached_branches.clear()
+        return module
+
+
+class _LeaderHook(_CacheHook):
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
         if self.states._context is None:  # outside a cache_context: behave like the plain block
             return self.fn_ref.original_forward(*args, **kwargs)
@@ -86,44 +103,17 @@ class _LeaderHook(ModelHook):
         state.skipping = False
         state.block_input = hidden
         self.controller.computed_calls += 1
-        output = self.fn_ref.original_forward(*args, **kwargs)
-        if self.is_tail:
-            _store_residual(self.config, state, output, self.controller, self.states.context.name)
-        return output
-
-    def reset_state(self, module):
-        self.states.reset()
-        self.controller.cached_branches.clear()
-        return module
+        return self._finish(state, self.fn_ref.original_forward(*args, **kwargs))
 
 
-class _BlockHook(ModelHook):
-    _is_stateful = True
-
-    def __init__(self, config: ResidualCacheConfig, states: StateManager, controller: _Controller, is_tail: bool):
-        super().__init__()
-        self.config, self.states, self.controller, self.is_tail = config, states, controller, is_tail
-
+class _BlockHook(_CacheHook):
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
         if self.states._context is None:
             return self.fn_ref.original_forward(*args, **kwargs)
         state: _BranchState = self.states.get_state()
         if state.skipping:
             return _hidden_states(args, kwargs)
-        output = self.fn_ref.original_forward(*args, **kwargs)
-        if self.is_tail:
-            _store_residual(self.config, state, output, self.controller, self.states.context.name)
-        return output
-
-    def reset_state(self, module):
-        self.states.reset()
-        return module
-
-
-def _store_residual(config, state: _BranchState, output: torch.Tensor, controller: _Controller, branch: str) -> None:
-    state.residual = (output.to(config.residual_dtype) - state.block_input.to(config.residual_dtype)).detach()
-    state.block_input = None
-    controller.cached_branches.add(branch)
+        return self._finish(state, self.fn_ref.original_forward(*args, **kwargs))
 
 
 class ResidualCache:

@@ -1,0 +1,69 @@
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.models import tiny
+from morca_env.models.tiny_data import (all_scenes, parse_prompt, prompt_following, render, tiny_prompt_suite,
+                                        vocabulary)
+
+
+def test_grammar_round_trip_and_vocabulary():
+    scenes = all_scenes()
+    assert len(scenes) == len({s.prompt for s in scenes}) == 5760
+    for scene in scenes[::97]:
+        assert parse_prompt(scene.prompt) == scene
+    tokenizer = tiny.build_untrained().tokenizer
+    ids = tokenizer([s.prompt for s in scenes[::50]]).input_ids
+    assert all(tokenizer.unk_token_id not in row for row in ids)
+    assert set(vocabulary()) >= {"red", "circle", "left", "quickly", "navy"}
+    with pytest.raises(ValueError, match="not in MorcaTiny's grammar"):
+        parse_prompt("a cat surfing a wave")
+
+
+def test_suites_are_fixed_and_disjoint():
+    train, evals = tiny_prompt_suite("tiny-train"), tiny_prompt_suite("tiny-eval")
+    assert len(evals) == 200 and evals.seeds is not None and len(set(evals.prompts)) == 200
+    assert not set(evals.prompts) & set(train.prompts)
+    assert tiny_prompt_suite("tiny-eval").pairs() == evals.pairs()
+
+
+def test_pixel_check_recognises_rendered_videos():
+    scenes = all_scenes()[::113]
+    videos = (render(scenes, torch.Generator().manual_seed(0)) + 1) / 2
+    for scene, video in zip(scenes, videos.permute(0, 2, 3, 4, 1)):
+        assert prompt_following(video, scene.prompt) == {"colour": True, "direction": True}
+
+
+def test_packaged_weights_load_offline_and_follow_prompts(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pipe = tiny.load_morca_tiny()
+    assert type(pipe).__name__ == "WanPipeline" and pipe.vae is None
+    assert pipe.transformer.config.num_layers == 3 and pipe.transformer.config.in_channels == 3
+    den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
+    hits = []
+    for prompt, seed in tiny_prompt_suite("tiny-eval").pairs()[::20]:  # 10 held-out prompts
+        video = den.generate(prompt=prompt, seed=seed)
+        assert video.shape == (8, 32, 32, 3)
+        hits.append(prompt_following(video, prompt))
+    den.close()
+    assert np.mean([h["colour"] for h in hits]) >= 0.8
+    assert np.mean([h["direction"] for h in hits]) >= 0.5
+
+
+def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
+    copy = tmp_path / "weights"
+    shutil.copytree(tiny.weights_dir(), copy)
+    weights = copy / "transformer" / "diffusion_pytorch_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(tiny.MorcaTinyWeightsError, match="corrupt.*sha256 mismatch"):
+        tiny.load_morca_tiny(directory=copy)
+    weights.unlink()
+    with pytest.raises(tiny.MorcaTinyWeightsError, match="missing"):
+        tiny.load_morca_tiny(directory=copy)
+    with pytest.raises(tiny.MorcaTinyWeightsError, match="not found.*train_tiny.py"):
+        tiny.load_morca_tiny(directory=tmp_path / "nowhere")
