@@ -164,6 +164,13 @@ class MorcaEnv(gym.Env):
         self.pipe = pipeline
         self.model_id = model_id or getattr(pipeline, "name_or_path", None) or self.preset.model_id or self.preset.name
         self.denoiser = StepwiseDenoiser(pipeline, self.config, device=self.device)
+        try:
+            self._finish_init(speedup, budget, calibration, enforce_budget, reference_cache_dir, lpips, signal)
+        except BaseException:
+            self.denoiser.close()  # leave an injected pipeline without our hooks
+            raise
+
+    def _finish_init(self, speedup, budget, calibration, enforce_budget, reference_cache_dir, lpips, signal):
         self.num_steps = self.denoiser.num_steps
         self.budget_spec = BudgetSpec(self.num_steps, forced_recompute_steps(self.num_steps, self.denoiser.expert_switch_step))
         if isinstance(calibration, str):

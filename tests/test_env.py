@@ -252,3 +252,16 @@ def test_lpips_absent_with_warning_then_present_with_seeded_torch_home(tmp_path,
     env = tiny_env(tmp_path, budget=4, lpips=True)
     _, infos = run_episode(env, lambda obs: 1)
     assert 0.0 <= infos[-1]["lpips"] < 1.0
+
+
+def test_failed_construction_leaves_an_injected_pipeline_clean(tmp_path):
+    pipe = make_pipe("wan21", with_text_encoder=True, with_vae=True, vocabulary=vocabulary())
+    with pytest.raises(ValueError, match="speedup=99.0 is outside"):
+        gym.make("MorcaWan21-v0", pipeline=pipe, speedup=99.0, height=32, width=32, num_frames=9, lpips=False,
+                 reference_cache_dir=str(tmp_path))
+    assert not pipe.transformer.blocks[0]._diffusers_hook.hooks
+    env = gym.make("MorcaWan21-v0", pipeline=pipe, speedup=2.0, height=32, width=32, num_frames=9, lpips=False,
+                   reference_cache_dir=str(tmp_path))
+    assert pipe.transformer.blocks[0]._diffusers_hook.hooks
+    env.close()
+    assert not pipe.transformer.blocks[0]._diffusers_hook.hooks
