@@ -4,7 +4,10 @@
   (the paper evaluates on 200 VBench prompts), each with a fixed seed;
 * ``vbench-train``: the remaining 744 prompts (seeds drawn per episode);
 * ``vbench-all``: all 944;
-* ``tiny-train`` / ``tiny-eval``: MorcaTiny's prompt grammar (see ``morca_env.models.tiny``).
+* ``tiny-train`` / ``tiny-eval``: MorcaTiny's prompt grammar (see ``morca_env.models.tiny``);
+* ``<suite>:<n>``: the first n prompts of a suite, each with a fixed seed, so that
+  repeated draws reuse their no-cache references (the paper's Wan2.1 data has
+  1000 prompts x 4 schedules): e.g. ``tiny-train:250``.
 
 The split is a seeded permutation of the packaged prompt file, so it is the
 same on every machine and never reads anything outside the installed package.
@@ -87,6 +90,16 @@ def get_suite(prompts: str | Sequence[str] | PromptSuite) -> PromptSuite:
     if isinstance(prompts, PromptSuite):
         return prompts
     if isinstance(prompts, str):
+        base, _, count = prompts.partition(":")
+        if count:
+            if base not in SUITE_NAMES or not count.isdigit() or int(count) < 1:
+                raise ValueError(f"prompts={prompts!r}: expected <suite>:<n> with a suite among {', '.join(SUITE_NAMES)}"
+                                 " and n >= 1")
+            suite = _builtin(base)
+            n = min(int(count), len(suite))
+            seeds = suite.seeds[:n] if suite.seeds is not None else tuple(
+                int(s) for s in np.random.default_rng(_SPLIT_SEED + 2).integers(0, 2**31 - 1, n))
+            return PromptSuite(prompts, suite.prompts[:n], seeds)
         if prompts not in SUITE_NAMES:
             raise ValueError(f"unknown prompt suite {prompts!r}; valid suites: {', '.join(SUITE_NAMES)} (or pass a list of prompts)")
         return _builtin(prompts)
