@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of env kwargs")
+    p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
+                                     "dataset's prompts, whose references are cached)")
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--trajectories", type=int, default=100, help="new trajectories per round")
     p.add_argument("--warmup-epochs", type=int, default=5)
@@ -63,7 +65,11 @@ def main(argv=None) -> int:
     d3rlpy.seed(args.seed)
     if (args.run_dir / "latest.json").exists() and not args.resume:
         raise SystemExit(f"{args.run_dir} already holds a run; pass --resume to continue it or use another --run-dir")
-    env = gym.make(args.env, lpips=False, **json.loads(args.env_kwargs))
+    env_kwargs = json.loads(args.env_kwargs)
+    prompts = args.prompts or ("tiny-train:250" if args.env == "MorcaTiny-v0" else None)
+    if prompts:
+        env_kwargs["prompts"] = prompts
+    env = gym.make(args.env, lpips=False, **env_kwargs)
     offline = None if args.from_scratch else d3rlpy.load_learnable(str(args.offline), device=args.device)
     buffer = None
     if args.dataset and not args.from_scratch:

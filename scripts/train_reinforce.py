@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", default="{}")
+    p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
+                                     "dataset's prompts, whose references are cached)")
     p.add_argument("--episodes", type=int, default=1600)
     p.add_argument("--episodes-per-update", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -38,7 +40,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     if (args.run_dir / "reinforce.pt").exists() and not args.resume:
         raise SystemExit(f"{args.run_dir} already holds a run; pass --resume or use another --run-dir")
-    env = gym.make(args.env, lpips=False, **json.loads(args.env_kwargs))
+    env_kwargs = json.loads(args.env_kwargs)
+    prompts = args.prompts or ("tiny-train:250" if args.env == "MorcaTiny-v0" else None)
+    if prompts:
+        env_kwargs["prompts"] = prompts
+    env = gym.make(args.env, lpips=False, **env_kwargs)
     config = ReinforceConfig(learning_rate=args.lr, episodes_per_update=args.episodes_per_update,
                              total_episodes=args.episodes, features=args.features,
                              speedup_range=tuple(args.speedup_range), seed=args.seed)
