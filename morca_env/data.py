@@ -302,7 +302,7 @@ def collect_dataset(
         raise ValueError(f"staging dir {staging} holds episodes of a different recipe; "
                          "use resume=False to discard them or another dataset_id")
     (staging / "episodes").mkdir(parents=True, exist_ok=True)
-    for leftover in (staging / "episodes").glob(".*.tmp"):  # writes interrupted by a crash
+    for leftover in (staging / "episodes").glob(".*.tmp*"):  # writes interrupted by a crash
         leftover.unlink(missing_ok=True)
     atomic_write_text(identity_file, identity)
 

@@ -14,7 +14,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success it is fsynced and renamed onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
