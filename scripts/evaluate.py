@@ -4,7 +4,8 @@
         morca-offline=runs/offline/final.d3 morca-online=runs/online/final.d3 reinforce=runs/reinforce/reinforce.pt
     python scripts/evaluate.py ... --prompts 50 --targets 2 3 4 --out runs/eval        # resumable
 
-Methods: `uniform` (uniform interval), `random` (random feasible), `seacache-exact`
+Methods: `uniform` (uniform interval), `random` (random feasible), `behaviour`
+(the datasets' random threshold-curve policy, held to K by the mask), `seacache-exact`
 (SeaCache with the per-video threshold that spends exactly K), `seacache-global`
 (one threshold per target, g(rho) from `scripts/calibrate.py --thresholds`,
 tuned on training prompts as the paper tunes it; its K varies per video),
@@ -35,7 +36,7 @@ from morca_env import policies
 from morca_env.models.presets import load_threshold_map
 from morca_env.video import side_by_side, write_video
 
-RULES = ("uniform", "random", "seacache-exact", "seacache-global")
+RULES = ("uniform", "random", "seacache-exact", "seacache-global", "behaviour")
 
 
 def load_method(name: str, spec: str | None, env, free_env):
@@ -48,6 +49,8 @@ def load_method(name: str, spec: str | None, env, free_env):
         return policies.SeaCacheExactBudget(env), env
     if name == "seacache-global":
         return GlobalSeaCache(load_threshold_map(env.unwrapped.preset.name)), free_env
+    if name == "behaviour":  # the offline data's threshold-curve policy, held to the exact budget by the mask
+        return policies.ThresholdCurve(load_threshold_map(env.unwrapped.preset.name), seed=0), env
     if spec is None:
         raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
     if spec.endswith(".pt"):
