@@ -85,7 +85,7 @@ def official_signal_input(transformer, latents: torch.Tensor, timestep: torch.Te
     Returns (B, F', H', W', D). Runs only the patch embedding, the time embedding and
     block 0's first norm: a small fraction of one transformer call.
     """
-    dtype = transformer.dtype
+    dtype = transformer.patch_embedding.weight.dtype  # ModelMixin.dtype walks all modules
     batch = latents.shape[0]
     p_t, p_h, p_w = transformer.config.patch_size
     grid = (latents.shape[2] // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w)

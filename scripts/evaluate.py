@@ -2,7 +2,7 @@
 
     python scripts/evaluate.py --methods uniform seacache-global seacache-exact random \
         morca-offline=runs/offline/final.d3 morca-online=runs/online/final.d3 reinforce=runs/reinforce/reinforce.pt
-    python scripts/evaluate.py ... --prompts 50 --targets 2 3 4 --out runs/eval        # resumable
+    python scripts/evaluate.py ... --prompts 50 --targets 2 2.5 3 --out runs/eval        # resumable
 
 Methods: `uniform` (uniform interval), `random` (random feasible), `behaviour`
 (the datasets' random threshold-curve policy, held to K by the mask), `seacache-exact`
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--env-kwargs", default="{}")
     p.add_argument("--suite", help="prompt suite (default: the env's held-out eval suite)")
     p.add_argument("--prompts", type=int, default=200)
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 3.0, 4.0])
+    p.add_argument("--targets", type=float, nargs="+", help="speedups (default: the model's eval targets)")
     p.add_argument("--methods", nargs="+", default=["uniform", "seacache-global", "seacache-exact", "random"])
     p.add_argument("--out", type=Path, default=Path("runs/eval"))
     p.add_argument("--videos", type=int, default=3, help="prompts to render side by side (at the middle target)")
@@ -215,8 +215,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     kwargs = {"lpips": args.lpips, **json.loads(args.env_kwargs)}
-    env = gym.make(args.env, budget=0, prompts=args.suite or morca_env.models.presets.PRESETS[
-        gym.spec(args.env).kwargs["model"]].eval_suite, **kwargs)
+    preset = morca_env.models.presets.PRESETS[gym.spec(args.env).kwargs["model"]]
+    args.targets = args.targets or list(preset.eval_targets)
+    env = gym.make(args.env, budget=0, prompts=args.suite or preset.eval_suite, **kwargs)
     free_env = gym.make(args.env, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
                         prompts=env.unwrapped.suite, **{k: v for k, v in kwargs.items() if k != "model_id"})
     methods = parse_methods(args.methods)

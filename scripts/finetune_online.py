@@ -26,13 +26,14 @@ import torch
 import agents  # noqa: F401
 import morca_env  # noqa: F401
 from agents.online import OnlineConfig, OnlineTrainer
-from morca_env.data import to_replay_buffer
+from morca_env.data import first_episodes, to_replay_buffer
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--offline", type=Path, help="offline IQL checkpoint (.d3)")
     p.add_argument("--dataset", help="Minari dataset kept in the replay buffer (the offline data)")
+    p.add_argument("--episodes", type=int, help="keep only the dataset's first N episodes (default: all)")
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of env kwargs")
@@ -47,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--beta", type=float, default=1.0)
     p.add_argument("--w-max", type=float, default=20.0)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--speedup-range", type=float, nargs=2, default=(1.5, 4.5))
+    p.add_argument("--speedup-range", type=float, nargs=2,
+                   help="per-episode target speedups (default: the model's data range, 1.5-3.5 for MorcaTiny)")
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--run-dir", type=Path, default=Path("runs/online"))
     p.add_argument("--resume", action="store_true", help="continue after the last finished round")
@@ -73,12 +75,14 @@ def main(argv=None) -> int:
     offline = None if args.from_scratch else d3rlpy.load_learnable(str(args.offline), device=args.device)
     buffer = None
     if args.dataset and not args.from_scratch:
-        buffer = to_replay_buffer(minari.load_dataset(args.dataset), "tuple")
+        dataset = minari.load_dataset(args.dataset)
+        buffer = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, args.episodes))
     config = OnlineConfig(rounds=args.rounds, trajectories_per_round=args.trajectories,
                           warmup_epochs=args.warmup_epochs, joint_epochs=args.joint_epochs,
                           actor_learning_rate=args.actor_lr, critic_learning_rate=args.critic_lr,
                           weight_temp=args.beta, max_weight=args.w_max, batch_size=args.batch_size,
-                          speedup_range=tuple(args.speedup_range), max_steps_per_epoch=args.max_steps_per_epoch,
+                          speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range),
+                          max_steps_per_epoch=args.max_steps_per_epoch,
                           seed=args.seed)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))

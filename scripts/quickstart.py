@@ -8,7 +8,7 @@ Runs the same scripts you would run at full scale, one after the other:
   1. scripts/collect.py          offline trajectories (random threshold curves) -> Minari dataset
   2. scripts/train_offline.py    offline discrete IQL
   3. scripts/finetune_online.py  online fine-tuning rounds
-  4. scripts/evaluate.py         MORCA vs SeaCache (global threshold) and uniform at 2x / 3x / 4x on
+  4. scripts/evaluate.py         MORCA vs SeaCache (global threshold) and uniform at 2x / 2.5x / 3x on
                                  held-out tiny-eval prompts: table, Pareto plot, schedule plot, videos
 Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
 re-running resumes where it stopped.
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     for name, value in SCALES["quick"].items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None)
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 3.0, 4.0])
+    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0])
     args = p.parse_args(argv)
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}
     out = args.out if args.out.is_absolute() else ROOT / args.out

@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--episodes-per-update", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--features", default="p3,mean,var")
-    p.add_argument("--speedup-range", type=float, nargs=2, default=(1.5, 4.5))
+    p.add_argument("--speedup-range", type=float, nargs=2,
+                   help="per-episode target speedups (default: the model's data range, 1.5-3.5 for MorcaTiny)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/reinforce"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--threads", type=int, default=2)
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     env = gym.make(args.env, lpips=False, **env_kwargs)
     config = ReinforceConfig(learning_rate=args.lr, episodes_per_update=args.episodes_per_update,
                              total_episodes=args.episodes, features=args.features,
-                             speedup_range=tuple(args.speedup_range), seed=args.seed)
+                             speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range), seed=args.seed)
     trainer = Reinforce(env, config, args.run_dir)
     history = trainer.train()
     print(f"saved {trainer.checkpoint_path}; last rollout PSNR {history[-1]['rollout_psnr']:.2f} dB")

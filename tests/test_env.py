@@ -88,7 +88,7 @@ def test_maskable_ppo_only_takes_feasible_actions(tmp_path):
 
     FeasibilityRecorder.log = []
     vec = make_vec_env("MorcaTiny-v0", n_envs=2, seed=0, wrapper_class=FeasibilityRecorder,
-                       env_kwargs=dict(speedup=(1.5, 3.0), reference_cache_dir=str(tmp_path), **FAST))
+                       env_kwargs=dict(speedup=(1.5, 2.5), reference_cache_dir=str(tmp_path), **FAST))
     model = MaskablePPO("MultiInputPolicy", vec, n_steps=20, batch_size=20, n_epochs=1, seed=0, device="cpu")
     model.learn(total_timesteps=80)  # two rollouts of 2 envs x 20 steps
     assert len(FeasibilityRecorder.log) >= 80
