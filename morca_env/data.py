@@ -421,6 +421,15 @@ def tuple_observation(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [obs[k].astype(np.float32) for k in ("pooled", "temporal", "scalars", "action_mask")]
 
 
+def first_episodes(dataset, count: int | None) -> list[int] | None:
+    """Indices of a Minari dataset's first `count` episodes (None: all), for training on a prefix."""
+    if count is None:
+        return None
+    if not 1 <= count <= dataset.total_episodes:
+        raise ValueError(f"episodes={count} is outside [1, {dataset.total_episodes}] for {dataset.spec.dataset_id}")
+    return list(range(count))
+
+
 def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None):
     """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset.
 

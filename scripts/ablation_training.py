@@ -2,12 +2,14 @@
 
     python scripts/ablation_training.py --dataset morca/tiny/random-v0 --offline-epochs 20 \
         --rounds 4 --trajectories 50 --prompts 50
+    python scripts/ablation_training.py --episodes 200 ...   # D = the dataset's first 200 episodes
 
 Compares, on held-out prompts:
   * offline IQL            (the dataset's D trajectories)
   * offline-to-online IQL  (D offline + R x T online trajectories)
   * online IQL from scratch (R' x T trajectories, R' chosen so R' x T ~= D + R x T)
   * REINFORCE              (~D + R x T on-policy trajectories)
+against the random feasible and behaviour policies at the same exact K, and SeaCache (global threshold).
 Each stage is one of the training scripts, resumable; evaluation by scripts/evaluate.py.
 """
 
@@ -25,6 +27,7 @@ from _runner import ROOT, resume_flag, run
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="morca/tiny/random-v0")
+    p.add_argument("--episodes", type=int, help="use the dataset's first N episodes as D (default: all)")
     p.add_argument("--offline-epochs", type=int, default=200)
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--rounds", type=int, default=16)
@@ -32,14 +35,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-epochs", type=int, default=5)
     p.add_argument("--joint-epochs", type=int, default=20)
     p.add_argument("--prompts", type=int, default=200)
-    p.add_argument("--target", type=float, default=3.0)
+    p.add_argument("--targets", type=float, nargs="+", default=[3.0])
     p.add_argument("--out", type=Path, default=Path("runs/ablation_training"))
     args = p.parse_args(argv)
     import minari
 
     out = args.out if args.out.is_absolute() else ROOT / args.out
     env = dict(os.environ)
-    offline_size = minari.load_dataset(args.dataset).total_episodes
+    offline_size = args.episodes or minari.load_dataset(args.dataset).total_episodes
+    subset = ["--episodes", str(offline_size)]
     total = offline_size + args.rounds * args.trajectories
     cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
     online_common = ["--trajectories", str(args.trajectories), "--warmup-epochs", str(args.warmup_epochs),
@@ -47,11 +51,11 @@ def main(argv=None) -> int:
     offline = out / "offline"
     if not (offline / "final.d3").exists():
         run("offline IQL", ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
-                            "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
+                            *subset, "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
     o2o = out / "offline_to_online"
     if not (o2o / "final.d3").exists():
         run("offline-to-online IQL", ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"),
-                                      "--dataset", args.dataset, "--rounds", str(args.rounds), *online_common,
+                                      "--dataset", args.dataset, *subset, "--rounds", str(args.rounds), *online_common,
                                       "--run-dir", str(o2o), *resume_flag(o2o)], env)
     scratch = out / "online_scratch"
     scratch_rounds = max(1, round(total / args.trajectories))
@@ -66,8 +70,8 @@ def main(argv=None) -> int:
     (out / "budgets.json").write_text(json.dumps({"offline": offline_size, "offline_to_online": total,
                                                   "online_scratch": scratch_rounds * args.trajectories,
                                                   "reinforce": total}, indent=1))
-    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", str(args.target),
-                     "--out", str(out / "eval"), "--videos", "0", "--methods",
+    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
+                     "--out", str(out / "eval"), "--videos", "0", "--methods", "random", "behaviour", "seacache-global",
                      f"reinforce={reinforce / 'reinforce.pt'}", f"morca-scratch={scratch / 'final.d3'}",
                      f"morca-offline={offline / 'final.d3'}", f"morca-online={o2o / 'final.d3'}"], env)
     return 0

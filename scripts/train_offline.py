@@ -25,7 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
 from agents.training import CheckpointDir, run_updates, steps_per_epoch
-from morca_env.data import to_replay_buffer
+from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.io import atomic_path
 
 
@@ -38,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--beta", type=float, default=1.5, help="advantage-weighting coefficient")
     p.add_argument("--w-max", type=float, default=30.0, help="policy weight cap")
     p.add_argument("--expectile", type=float, default=0.7)
+    p.add_argument("--episodes", type=int, help="train on the dataset's first N episodes (default: all)")
     p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
     p.add_argument("--max-steps-per-epoch", type=int, help="cap the updates per epoch (default: a full pass)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/offline"))
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     d3rlpy.seed(args.seed)
     dataset = minari.load_dataset(args.dataset)
-    buffer = to_replay_buffer(dataset, "tuple")
+    buffer = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, args.episodes))
     encoder = MorcaEncoderFactory(features=args.features)
     algo = DiscreteIQLConfig(actor_learning_rate=args.lr, critic_learning_rate=args.lr, batch_size=args.batch_size,
                              weight_temp=args.beta, max_weight=args.w_max, expectile=args.expectile,
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
         print(f"resumed from {path} (epoch {start})")
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     epoch_steps = steps_per_epoch(buffer, args.batch_size, args.max_steps_per_epoch)
-    print(f"{args.dataset}: {dataset.total_episodes} episodes, {buffer.transition_count} transitions; "
+    print(f"{args.dataset}: {buffer.size()} of {dataset.total_episodes} episodes, {buffer.transition_count} transitions; "
           f"{epoch_steps} updates per epoch, epochs {start + 1}..{args.epochs}")
     writer = SummaryWriter(str(args.run_dir / "tb"))
     for epoch in range(start, args.epochs):

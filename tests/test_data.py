@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.data import collect_dataset, episode_options, relabel, to_replay_buffer
+from morca_env.data import collect_dataset, episode_options, first_episodes, relabel, to_replay_buffer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
@@ -71,6 +71,10 @@ def test_collect_load_invariants_and_cql(roots):
     episode = buffer.episodes[0]
     assert [o.shape for o in episode.observations] == [(10, 9, 4, 8, 8), (10, 18, 8, 8), (10, 7), (10, 2)]
     assert episode.terminated and episode.actions.shape == (10, 1)
+    prefix = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, 2))
+    assert len(prefix.episodes) == 2 and np.array_equal(prefix.episodes[1].actions, buffer.episodes[1].actions)
+    with pytest.raises(ValueError, match=r"episodes=6 is outside \[1, 5\]"):
+        first_episodes(dataset, 6)
 
     flat = to_replay_buffer(dataset, "flat")
     cql = d3rlpy.algos.DiscreteCQLConfig(batch_size=16).create(device="cpu")
@@ -89,6 +93,12 @@ def test_recover_environment_in_a_fresh_process(roots):
                          env={**os.environ}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["MorcaTinyRandom-v0", "False", "True"]
+
+    report = subprocess.run([sys.executable, str(ROOT / "scripts" / "dataset_report.py"), "test/tiny/recover-v0",
+                             "--plot", str(roots / "k.png")], capture_output=True, text=True, env={**os.environ},
+                            timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "2 episodes, 20 steps" in report.stdout and (roots / "k.png").stat().st_size > 1000
 
 
 def test_finished_dataset_is_not_overwritten(roots):
