@@ -52,6 +52,13 @@ def sample_grid(videos: list[torch.Tensor], columns: int = 4, scale: int = 3) ->
     return np.stack(frames)
 
 
+def write_samples(den, pairs, out: Path) -> None:
+    """samples.gif: 12 eval prompts spread over the suite (no cache), with their prompts in samples.txt."""
+    videos = [den.generate(prompt=prompt, seed=seed) for prompt, seed in pairs]
+    write_video(sample_grid(videos), out / "samples.gif", fps=4)
+    (out / "samples.txt").write_text("\n".join(f"{i + 1}. {p}" for i, (p, _) in enumerate(pairs)) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=200)
@@ -59,6 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--schedules", type=int, default=20)
     p.add_argument("--budget", type=int, default=25)
     p.add_argument("--out", type=Path, default=Path("docs/morca_tiny"))
+    p.add_argument("--samples-only", action="store_true", help="only write samples.gif and samples.txt")
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -67,6 +75,10 @@ def main(argv=None) -> int:
     den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
     pairs = tiny_prompt_suite("tiny-eval").pairs()
     report: dict = {}
+
+    write_samples(den, pairs[:: len(pairs) // 12][:12], args.out)
+    if args.samples_only:
+        return 0
 
     # cost of one episode on one core
     den.generate(prompt=pairs[0][0], seed=pairs[0][1])
@@ -79,17 +91,12 @@ def main(argv=None) -> int:
 
     # 1. prompt following
     hits = {"colour": [], "direction": []}
-    samples = []
     for prompt, seed in tqdm(pairs[: args.prompts], desc="prompt following", unit="video"):
         video = den.generate(prompt=prompt, seed=seed)
         for k, v in prompt_following(video, prompt).items():
             hits[k].append(v)
-        if len(samples) < 12:
-            samples.append(video)
     report["prompt_following"] = {k: float(np.mean(v)) for k, v in hits.items()}
     report["prompt_following"]["prompts"] = len(hits["colour"])
-    write_video(sample_grid(samples), args.out / "samples.gif", fps=4)
-    (args.out / "samples.txt").write_text("\n".join(p for p, _ in pairs[:12]) + "\n")
 
     # 2 + 3. schedules at K = budget
     spec = BudgetSpec(den.num_steps, forced_recompute_steps(den.num_steps))
