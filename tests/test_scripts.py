@@ -1,0 +1,50 @@
+"""The command-line pipeline: evaluate.py writes its table, plots and videos and resumes; the quickstart runs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(args, tmp_path, timeout=900):
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari"), "MORCA_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_evaluate_writes_results_and_resumes(tmp_path):
+    out = tmp_path / "eval"
+    args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
+            "--prompts", "2", "--targets", "1.5", "2.0", "--methods", "uniform", "random", "behaviour",
+            "seacache-global", "--videos", "1", "--threads", "1", "--out", str(out)]
+    run_script(args, tmp_path)
+    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 4
+    for row in rows:
+        assert row["stock_latency_s"] > 0 and row["speedup"] == pytest.approx(row["stock_latency_s"] / row["latency_s"])
+        if row["method"] != "seacache-global":  # the global threshold does not hold K exactly
+            assert sum(row["schedule"]) == row["num_reuse"]
+    table = (out / "table.md").read_text()
+    assert table.count("| 1.5x |") == 4 and table.count("| 2.0x |") == 4
+    for name in ("table.csv", "pareto.png", "schedules.png", "video_000.gif", "video_000.mp4"):
+        assert (out / name).stat().st_size > 0
+    run_script(args, tmp_path)  # everything is done: nothing is appended
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == len(rows)
+
+
+@pytest.mark.slow
+def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
+    out = tmp_path / "qs"
+    stdout = run_script(["scripts/quickstart.py", "--out", str(out), "--episodes", "4", "--workers", "1",
+                         "--offline-epochs", "1", "--max-steps-per-epoch", "2", "--rounds", "1", "--trajectories", "2",
+                         "--warmup-epochs", "1", "--joint-epochs", "1", "--online-steps-per-epoch", "2",
+                         "--eval-prompts", "1", "--targets", "2.0"], tmp_path, timeout=1800)
+    assert "quickstart finished" in stdout
+    table = (out / "eval" / "table.md").read_text()
+    assert "morca-online" in table and "seacache-global" in table
