@@ -131,11 +131,12 @@ def _switch_step(pipe, num_steps: int) -> int | None:
 
 def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None = None,
                calibration: SpeedupCalibration | str = "wan21", signal: str = "official",
-               **call_kwargs) -> AccelerateResult:
+               scheduler_cost_s: float = 0.0, **call_kwargs) -> AccelerateResult:
     """Call `pipe(**call_kwargs)` with `policy` deciding cache reuse under an exact budget.
 
     Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`
-    or a registered model name, "wan21", "wan22" or "tiny").
+    or a registered model name, "wan21", "wan22" or "tiny"; `scheduler_cost_s`, the
+    policy's own seconds per step, is counted in that conversion).
     """
     if (speedup is None) == (budget is None):
         raise ValueError(f"pass exactly one of speedup or budget (got speedup={speedup!r}, budget={budget!r})")
@@ -146,7 +147,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
             from .models.presets import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
-        budget = calibration.budget_for_speedup(speedup)
+        budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)
     budget = spec.check_budget(budget)
     guidance = call_kwargs.get("guidance_scale", 5.0)
     branches = lambda: ("cond", "uncond") if guidance > 1.0 else ("cond",)  # noqa: E731

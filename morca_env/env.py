@@ -78,7 +78,8 @@ class MorcaEnv(gym.Env):
 
     `reset` draws a prompt and generation seed from the prompt suite and a target
     speedup (or takes `options["prompt"]`, `options["seed"]`, `options["speedup"]`
-    / `options["budget"]`), encodes the prompt, draws the initial noise and makes
+    / `options["budget"]`; `options["scheduler_cost_s"]`, the driving scheduler's
+    own seconds per step, is counted when a speedup becomes K), encodes the prompt, draws the initial noise and makes
     sure the reference video exists (generated once, cached on disk).
 
     ## Episode End
@@ -271,9 +272,10 @@ class MorcaEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = set(options) - {"prompt", "seed", "speedup", "budget"}
+        unknown = set(options) - {"prompt", "seed", "speedup", "budget", "scheduler_cost_s"}
         if unknown:
-            raise ValueError(f"unknown reset options {sorted(unknown)}; valid: prompt, seed, speedup, budget")
+            raise ValueError(f"unknown reset options {sorted(unknown)}; "
+                             "valid: prompt, seed, speedup, budget, scheduler_cost_s")
         prompt, gen_seed = self.suite.sample(self.np_random)
         if "prompt" in options:
             prompt = options["prompt"]
@@ -306,16 +308,17 @@ class MorcaEnv(gym.Env):
             raise ValueError("reset options take speedup or budget, not both")
         if "budget" in options:
             return None, self.budget_spec.check_budget(options["budget"])
+        calibration = self.calibration.with_scheduler_cost(options.get("scheduler_cost_s", 0.0))
         if "speedup" in options:
-            rho = self.calibration.check_speedup(options["speedup"]) if _is_number(options["speedup"]) else None
+            rho = calibration.check_speedup(options["speedup"]) if _is_number(options["speedup"]) else None
             if rho is None:
                 raise ValueError(f"options['speedup']={options['speedup']!r} must be a number")
-            return rho, self.calibration.budget_for_speedup(rho)
+            return rho, calibration.budget_for_speedup(rho)
         if self._budget_default is not None:
             return None, self._budget_default
         spec = self._speedup_spec
         rho = spec if isinstance(spec, float) else float(self.np_random.uniform(spec[0], spec[1]))
-        return rho, self.calibration.budget_for_speedup(rho)
+        return rho, calibration.budget_for_speedup(rho)
 
     def _reference_fields(self) -> dict:
         return {"model": self._fingerprint, "config": asdict(self.config), "prompt": self.prompt,

@@ -14,7 +14,8 @@ line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
 Speedup = a stock no-cache generation of the same prompt, timed in the same run
 just before that prompt's episodes, over the episode's latency. Latency includes
-the scheduler's own per-step inference time; the per-video
+the scheduler's own per-step inference time, and a learned scheduler's K for a
+target counts that time (`scheduler_cost_s`, measured once per method); the per-video
 threshold search of `seacache-exact` (its replays) is not counted: it is an
 oracle-style baseline for quality at equal K, not a deployable method.
 """
@@ -89,6 +90,19 @@ def run_episode(env, policy, options):
         policy_time += time.perf_counter() - t0
         obs, _, done, _, info = env.step(action)
     return info, policy_time, setup_time
+
+
+def scheduler_step_cost(policy, env, prompt: str, seed: int, calls: int = 30) -> float:
+    """Median seconds of one policy call on a real observation: learned schedulers cost ~1 ms per
+    step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map must count it."""
+    obs, info = env.reset(options={"prompt": prompt, "seed": seed, "budget": 0})
+    policy.reset(obs, info)
+    times = []
+    for _ in range(calls + 5):
+        t0 = time.perf_counter()
+        policy(obs)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[5:]))
 
 
 def stock_latency(denoiser, prompt: str, seed: int) -> float:
@@ -232,6 +246,7 @@ def main(argv=None) -> int:
     methods = parse_methods(args.methods)
     loaded = {name: load_method(name, spec, env, free_env) for name, spec in methods}
     pairs = env.unwrapped.suite.pairs()[: args.prompts]
+    cost = {name: scheduler_step_cost(*loaded[name], *pairs[0]) if name not in RULES else 0.0 for name, _ in methods}
     log = args.out / "episodes.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
@@ -244,13 +259,13 @@ def main(argv=None) -> int:
             prompt, seed = pairs[index]
             if (target, index) not in stock:
                 stock[target, index] = stock_latency(env.unwrapped.denoiser, prompt, seed)
-            info, policy_time, setup_time = run_episode(method_env, policy,
-                                                        {"prompt": prompt, "seed": seed, "speedup": target})
+            info, policy_time, setup_time = run_episode(method_env, policy, {
+                "prompt": prompt, "seed": seed, "speedup": target, "scheduler_cost_s": cost[name]})
             latency = info["latency_s"] + policy_time
             row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
                    "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
                    "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
-                   "stock_latency_s": stock[target, index], "speedup": stock[target, index] / latency,
+                   "stock_latency_s": stock[target, index], "scheduler_cost_s": cost[name], "speedup": stock[target, index] / latency,
                    "schedule": info["schedule"]}
             if "lpips" in info:
                 row["lpips"] = info["lpips"]
@@ -264,7 +279,8 @@ def main(argv=None) -> int:
         vids = {}
         for name, _ in methods:
             policy, method_env = loaded[name]
-            info, _, _ = run_episode(method_env, policy, {"prompt": prompt, "seed": seed, "speedup": middle})
+            info, _, _ = run_episode(method_env, policy, {"prompt": prompt, "seed": seed, "speedup": middle,
+                                                          "scheduler_cost_s": cost[name]})
             vids["reference"] = method_env.unwrapped.reference_video
             vids[f"{name} {min(info['psnr'], 99):.1f}dB"] = method_env.unwrapped.last_video
         write_video(side_by_side(vids), args.out / f"video_{index:03d}.gif")

@@ -68,6 +68,23 @@ def test_calibration_fit_recovers_linear_latency_model():
         assert calib.budget_for_speedup(calib.speedup_of_budget(k)) == k
 
 
+def test_scheduler_cost_is_counted_in_the_speedup_map():
+    n, cost, fixed, scheduler = 50, 1.0, 2.0, 0.05
+    ks = np.arange(0, 45, 5)
+    calib = SpeedupCalibration.fit(ks, fixed + (n - ks) * cost, max_budget=48, source="synthetic", num_steps=n)
+    full = fixed + n * cost
+    driven = calib.with_scheduler_cost(scheduler)
+    for k in (0, 20, 44):
+        assert driven.speedup_of_budget(k) == pytest.approx(full / (fixed + (n - k) * cost + n * scheduler))
+    assert driven.budget_for_speedup(3.0) > calib.budget_for_speedup(3.0)  # more reuse pays for the scheduler
+    assert driven.speedup_range[1] < calib.speedup_range[1]
+    assert calib.with_scheduler_cost(0.0) is calib
+    with pytest.raises(ValueError, match="scheduler_cost_s=-1.0 must be a finite number >= 0"):
+        calib.with_scheduler_cost(-1.0)
+    with pytest.raises(ValueError, match="needs a measured calibration"):
+        SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48, source="ideal").with_scheduler_cost(0.01)
+
+
 def test_speedup_out_of_range_names_value_and_range():
     calib = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48, source="test")
     lo, hi = calib.speedup_range

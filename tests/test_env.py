@@ -40,6 +40,9 @@ def test_gymnasium_check_env_morca_tiny(tmp_path):
 
     env = tiny_env(tmp_path, "MorcaTiny-v0", speedup=2.0)
     check_env(env.unwrapped, skip_render_check=False)
+    # a scheduler's own per-step time is paid for with more reuse (measured calibration)
+    plain = env.reset(options={"speedup": 1.5})[1]["budget"]
+    assert env.reset(options={"speedup": 1.5, "scheduler_cost_s": 0.003})[1]["budget"] > plain
 
 
 def test_gymnasium_check_env_wan22_style(tmp_path):
@@ -165,6 +168,8 @@ def test_bad_inputs_name_the_value_and_the_valid_range(tmp_path):
         env.reset(options={"speed": 2.0})
     with pytest.raises(ValueError, match="speedup=0.5 is outside"):
         env.reset(options={"speedup": 0.5})
+    with pytest.raises(ValueError, match="scheduler_cost_s=-0.1 must be a finite number >= 0"):
+        env.reset(options={"speedup": 2.0, "scheduler_cost_s": -0.1})
     run_episode(env, lambda obs: 0)
     with pytest.raises(RuntimeError, match="after the episode ended .* call reset"):
         env.step(0)

@@ -157,6 +157,7 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
         if (name, num_steps) not in _warned:
             warnings.warn(f"calibration for {name!r} was made at {steps} steps; rescaling to {num_steps}", stacklevel=3)
             _warned.add((name, num_steps))
+        full = calib.full_latency_s * scale if calib.full_latency_s else calib.full_latency_s
         calib = replace(calib, alpha=calib.alpha * scale, beta=calib.beta * scale, num_steps=num_steps,
-                        source=f"{calib.source} (rescaled from {steps} steps)")
+                        full_latency_s=full, source=f"{calib.source} (rescaled from {steps} steps)")
     return replace(calib, max_budget=max_budget)
