@@ -43,10 +43,11 @@ class OnlineConfig:
     batch_size: int = 256
     speedup_range: tuple[float, float] = (1.5, 4.5)
     max_steps_per_epoch: int | None = None  # cap an epoch's updates (CPU budgets); None = a full pass
+    n_step: int = 1  # return horizon of the Q targets (morca_env.data.transition_picker); 1 = the paper's TD
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("rounds", "trajectories_per_round", "batch_size"):
+        for name in ("rounds", "trajectories_per_round", "batch_size", "n_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
@@ -157,7 +158,7 @@ class OnlineTrainer:
             new, infos = self.collect(config.trajectories_per_round)
             self._save_round_episodes(index, new)
             self.online_episodes += new
-            buffer = make_buffer(self.offline_episodes + self.online_episodes)
+            buffer = make_buffer(self.offline_episodes + self.online_episodes, config.n_step)
             epoch_steps = steps_per_epoch(buffer, config.batch_size, config.max_steps_per_epoch)
             self.algo.set_critic_only(True)
             warm = run_updates(self.algo, buffer, config.warmup_epochs * epoch_steps, writer, "warmup",

@@ -10,6 +10,7 @@ from d3rlpy.constants import ActionSpace
 from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 from tqdm import tqdm
 
+from morca_env.data import transition_picker
 from morca_env.io import atomic_path, atomic_write_text
 
 from .policy import OBS_KEYS
@@ -23,8 +24,9 @@ def episode_from_rollout(observations: list[dict], actions: list[int], rewards: 
                    rewards=np.asarray(rewards, dtype=np.float32).reshape(n, 1), terminated=True)
 
 
-def make_buffer(episodes: list[Episode]) -> ReplayBuffer:
-    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2)
+def make_buffer(episodes: list[Episode], n_step: int = 1) -> ReplayBuffer:
+    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2,
+                        transition_picker=transition_picker(n_step))
 
 
 def observation_shapes(env) -> list[tuple[int, ...]]:

@@ -430,14 +430,27 @@ def first_episodes(dataset, count: int | None) -> list[int] | None:
     return list(range(count))
 
 
-def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None):
+def transition_picker(n_step: int = 1):
+    """d3rlpy's picker for `n_step`-step returns (gamma = 1): with the terminal-only PSNR reward,
+    one-step TD needs ~N hops of slow target updates to carry the reward back to the first step;
+    n_step = N makes every target the episode's own return (Monte-Carlo), which converges in a
+    CPU-sized number of updates."""
+    from d3rlpy.dataset import BasicTransitionPicker, MultiStepTransitionPicker
+
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+        raise ValueError(f"n_step={n_step!r} must be an integer >= 1 (1: one-step TD as in the paper)")
+    return BasicTransitionPicker() if n_step == 1 else MultiStepTransitionPicker(n_steps=n_step, gamma=1.0)
+
+
+def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None, n_step: int = 1):
     """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset.
 
     Each episode of N steps gives N transitions: observations[0..N-1] with the
     action taken there; the final (terminal) observation is the next observation
     of the last transition, which is `terminated`. `observation="tuple"` keeps
     [pooled, temporal, scalars, action_mask] (for `agents.networks`), `"flat"`
-    concatenates them into one vector (any d3rlpy encoder).
+    concatenates them into one vector (any d3rlpy encoder). `n_step > 1` samples
+    n-step returns (`transition_picker`).
     """
     from d3rlpy.constants import ActionSpace
     from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
@@ -456,4 +469,5 @@ def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None):
         converted = convert({k: v[:n] for k, v in obs.items()})
         episodes.append(Episode(observations=converted, actions=np.asarray(ep.actions, dtype=np.int64).reshape(n, 1),
                                 rewards=np.asarray(ep.rewards, dtype=np.float32).reshape(n, 1), terminated=True))
-    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2)
+    return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2,
+                        transition_picker=transition_picker(n_step))

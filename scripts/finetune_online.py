@@ -33,6 +33,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--offline", type=Path, help="offline IQL checkpoint (.d3)")
     p.add_argument("--dataset", help="Minari dataset kept in the replay buffer (the offline data)")
+    p.add_argument("--n-step", type=int, default=1,
+                   help="return horizon of the Q targets: 1 = one-step TD (the paper); 50 = Monte-Carlo returns, "
+                        "which converge in far fewer updates (CPU budgets, the quickstart)")
     p.add_argument("--episodes", type=int, help="keep only the dataset's first N episodes (default: all)")
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
     p.add_argument("--env", default="MorcaTiny-v0")
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
                           actor_learning_rate=args.actor_lr, critic_learning_rate=args.critic_lr,
                           weight_temp=args.beta, max_weight=args.w_max, batch_size=args.batch_size,
                           speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range),
-                          max_steps_per_epoch=args.max_steps_per_epoch,
+                          max_steps_per_epoch=args.max_steps_per_epoch, n_step=args.n_step,
                           seed=args.seed)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))

@@ -75,6 +75,13 @@ def test_collect_load_invariants_and_cql(roots):
     assert len(prefix.episodes) == 2 and np.array_equal(prefix.episodes[1].actions, buffer.episodes[1].actions)
     with pytest.raises(ValueError, match=r"episodes=6 is outside \[1, 5\]"):
         first_episodes(dataset, 6)
+    # n-step returns over the whole horizon: every transition's target is its episode's terminal reward
+    monte_carlo = to_replay_buffer(dataset, "tuple", n_step=10)
+    batch = monte_carlo.sample_transition_batch(64)
+    finals = {float(ep.rewards[-1, 0]) for ep in monte_carlo.episodes}
+    assert all(float(r) in finals for r in batch.rewards[:, 0]) and batch.terminals.all()
+    with pytest.raises(ValueError, match="n_step=0 must be an integer >= 1"):
+        to_replay_buffer(dataset, "tuple", n_step=0)
 
     flat = to_replay_buffer(dataset, "flat")
     cql = d3rlpy.algos.DiscreteCQLConfig(batch_size=16).create(device="cpu")
