@@ -92,17 +92,12 @@ def run_episode(env, policy, options):
     return info, policy_time, setup_time
 
 
-def scheduler_step_cost(policy, env, prompt: str, seed: int, calls: int = 30) -> float:
-    """Median seconds of one policy call on a real observation: learned schedulers cost ~1 ms per
-    step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map must count it."""
-    obs, info = env.reset(options={"prompt": prompt, "seed": seed, "budget": 0})
-    policy.reset(obs, info)
-    times = []
-    for _ in range(calls + 5):
-        t0 = time.perf_counter()
-        policy(obs)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[5:]))
+def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
+    """Seconds per step of a policy inside a real episode (one warm-up episode at K = 0): learned
+    schedulers cost ~1 ms per step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map
+    must count it. Timed in the loop, not on a repeated call, which runs with warmer caches."""
+    _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
+    return policy_time / env.unwrapped.num_steps
 
 
 def stock_latency(denoiser, prompt: str, seed: int) -> float:
