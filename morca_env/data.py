@@ -196,6 +196,15 @@ def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, e
     env.close()
 
 
+def _worker_start_method(threads: int) -> str:
+    """`fork` where it is safe (Linux, one torch thread per worker, as DataLoader workers run):
+    a worker then starts in ~1 s instead of ~7 s of imports, which matters for throughput;
+    `spawn` otherwise."""
+    import sys
+
+    return "fork" if sys.platform.startswith("linux") and threads == 1 else "spawn"
+
+
 def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
                  env_overrides: dict, progress: bool, already: int) -> None:
     from tqdm import tqdm
@@ -216,7 +225,7 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
             bar.update()
         env.close()
     else:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(_worker_start_method(threads))
         procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides),
                              daemon=True) for shard in shards if shard]
         for p in procs:
