@@ -93,10 +93,12 @@ def run_episode(env, policy, options):
 
 
 def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
-    """Seconds per step of a policy inside a real episode (one warm-up episode at K = 0): learned
+    """Seconds per step of a policy inside a real episode (K = 0, after a warm-up episode): learned
     schedulers cost ~1 ms per step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map
-    must count it. Timed in the loop, not on a repeated call, which runs with warmer caches."""
-    _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
+    must count it. Timed in the loop (a repeated call runs with warmer caches), on a second episode
+    (the first call of a d3rlpy model is slow)."""
+    for _ in range(2):
+        _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
     return policy_time / env.unwrapped.num_steps
 
 
