@@ -81,7 +81,7 @@ PRESETS: dict[str, ModelPreset] = {
                               max_sequence_length=16),
         load=_load_tiny, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.5), r_max=50.0,
         # Per-step work outside the blocks (signal, features, solver) is ~20% of a full step on
-        # this small model, so the ceiling is ~4.1x on a CPU and 4x leaves a single free recompute.
+        # this small model, so the ceiling is ~4.4x on a CPU and 4x leaves a single free recompute.
         eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
     ),
     "tiny-random": ModelPreset(
