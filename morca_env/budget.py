@@ -128,7 +128,7 @@ class SpeedupCalibration:
     `budget_for_speedup` picks the attainable K whose predicted speedup is closest
     to the target; targets outside [1, speedup(K_max)] raise `ValueError`.
     `scheduler_fraction` adds a scheduler's own per-step cost (as a fraction of a
-    stock step, see `with_scheduler_cost`): negligible on Wan, ~3% of a step for
+    stock step, see `with_scheduler_cost`): negligible on Wan, ~4% of a step for
     MORCA's network on MorcaTiny, which would otherwise miss its targets.
     """
 

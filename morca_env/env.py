@@ -79,8 +79,8 @@ class MorcaEnv(gym.Env):
     `reset` draws a prompt and generation seed from the prompt suite and a target
     speedup (or takes `options["prompt"]`, `options["seed"]`, `options["speedup"]`
     / `options["budget"]`; `options["scheduler_cost_s"]`, the driving scheduler's
-    own seconds per step, is counted when a speedup becomes K), encodes the prompt, draws the initial noise and makes
-    sure the reference video exists (generated once, cached on disk).
+    own seconds per step, is counted when a speedup becomes K), encodes the prompt,
+    draws the initial noise and makes sure the reference video exists (generated once, cached on disk).
 
     ## Episode End
 

@@ -262,8 +262,8 @@ def main(argv=None) -> int:
             row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
                    "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
                    "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
-                   "stock_latency_s": stock[target, index], "scheduler_cost_s": cost[name], "speedup": stock[target, index] / latency,
-                   "schedule": info["schedule"]}
+                   "stock_latency_s": stock[target, index], "scheduler_cost_s": cost[name],
+                   "speedup": stock[target, index] / latency, "schedule": info["schedule"]}
             if "lpips" in info:
                 row["lpips"] = info["lpips"]
             f.write(json.dumps(row) + "\n")

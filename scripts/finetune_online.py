@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--dataset", help="Minari dataset kept in the replay buffer (the offline data)")
     p.add_argument("--n-step", type=int, default=1,
                    help="return horizon of the Q targets: 1 = one-step TD (the paper); 50 = Monte-Carlo returns, "
-                        "which converge in far fewer updates (CPU budgets, the quickstart)")
+                        "which converge in far fewer updates (CPU budgets)")
     p.add_argument("--episodes", type=int, help="keep only the dataset's first N episodes (default: all)")
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
     p.add_argument("--env", default="MorcaTiny-v0")

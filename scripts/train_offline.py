@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--expectile", type=float, default=0.7)
     p.add_argument("--n-step", type=int, default=1,
                    help="return horizon of the Q targets: 1 = one-step TD (the paper); 50 = Monte-Carlo returns, "
-                        "which converge in far fewer updates (CPU budgets, the quickstart)")
+                        "which converge in far fewer updates (CPU budgets)")
     p.add_argument("--episodes", type=int, help="train on the dataset's first N episodes (default: all)")
     p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
     p.add_argument("--max-steps-per-epoch", type=int, help="cap the updates per epoch (default: a full pass)")

@@ -1,7 +1,8 @@
 """MorcaTiny: a small pixel-space text-to-video model of Wan's architecture, trained by this project.
 
 A stock diffusers ``WanPipeline``: ``WanTransformer3DModel`` (4 blocks, width 96,
-patch (8, 2, 2): one token is a 2x2-pixel tube through all 8 frames), a word-level tokenizer with a 2-layer ``UMT5EncoderModel``,
+patch (8, 2, 2): one token is a 2x2-pixel tube through all 8 frames), a
+word-level tokenizer with a 2-layer ``UMT5EncoderModel``,
 Wan2.1's sampler (UniPC, flow prediction, shift 3) and no VAE: the "latent" is
 the RGB video itself (3 x 8 x 32 x 32, values in [-1, 1]). The weights ship
 inside the package and load offline with ``WanPipeline.from_pretrained``.
