@@ -136,7 +136,8 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
 
     Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`
     or a registered model name, "wan21", "wan22" or "tiny"; `scheduler_cost_s`, the
-    policy's own seconds per step, is counted in that conversion).
+    policy's own seconds per step, is counted in that conversion). One call runs the K
+    with the nearest predicted speedup (the env instead dithers K across episodes).
     """
     if (speedup is None) == (budget is None):
         raise ValueError(f"pass exactly one of speedup or budget (got speedup={speedup!r}, budget={budget!r})")

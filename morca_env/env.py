@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
 from .denoiser import DenoiserConfig, StepwiseDenoiser
 from .features import feature_shapes
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
@@ -102,7 +102,11 @@ class MorcaEnv(gym.Env):
     `negative_prompt`, `r_max`, `device`, `dtype`, `pipeline`, `model_id`,
     `reference_cache_dir`, `lpips`, `signal` ("official" or "latent"), `calibration`,
     `enforce_budget` (default True; False only forbids reuse on forced steps, for
-    behaviour-data collection whose episodes are relabelled with their realised K).
+    behaviour-data collection whose episodes are relabelled with their realised K),
+    `budget_rounding` ("dither", the default: a target speedup between two attainable
+    ones runs floor(K*) or ceil(K*) by a draw keyed on the generation seed, so the
+    mean realised speedup over episodes is the target; "nearest": always the K with
+    the nearest predicted speedup).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -131,9 +135,13 @@ class MorcaEnv(gym.Env):
         signal: str = "official",
         calibration: SpeedupCalibration | str | None = None,
         enforce_budget: bool = True,
+        budget_rounding: str = "dither",
         render_mode: str | None = None,
     ):
         super().__init__()
+        if budget_rounding not in BUDGET_ROUNDINGS:
+            raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
+        self.budget_rounding = budget_rounding
         self.preset: ModelPreset = get_preset(model)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}; valid: {self.metadata['render_modes']}")
@@ -285,8 +293,8 @@ class MorcaEnv(gym.Env):
             gen_seed = options["seed"]
             if isinstance(gen_seed, bool) or not isinstance(gen_seed, (int, np.integer)) or gen_seed < 0:
                 raise ValueError(f"options['seed']={gen_seed!r} must be a non-negative integer")
-        self.target_speedup, self.budget = self._episode_target(options)
         self.prompt, self.gen_seed = prompt, int(gen_seed)
+        self.target_speedup, self.budget = self._episode_target(options)
 
         reference = self.references.get_or_create(self._reference_fields(), self._generate_reference)
         self.reference_video, self.reference_latency = reference.video, reference.latency_s
@@ -309,16 +317,17 @@ class MorcaEnv(gym.Env):
         if "budget" in options:
             return None, self.budget_spec.check_budget(options["budget"])
         calibration = self.calibration.with_scheduler_cost(options.get("scheduler_cost_s", 0.0))
+        dither = seed_dither(self.gen_seed) if self.budget_rounding == "dither" else None
         if "speedup" in options:
             rho = calibration.check_speedup(options["speedup"]) if _is_number(options["speedup"]) else None
             if rho is None:
                 raise ValueError(f"options['speedup']={options['speedup']!r} must be a number")
-            return rho, calibration.budget_for_speedup(rho)
+            return rho, calibration.budget_for_speedup(rho, dither)
         if self._budget_default is not None:
             return None, self._budget_default
         spec = self._speedup_spec
         rho = spec if isinstance(spec, float) else float(self.np_random.uniform(spec[0], spec[1]))
-        return rho, calibration.budget_for_speedup(rho)
+        return rho, calibration.budget_for_speedup(rho, dither)
 
     def _reference_fields(self) -> dict:
         return {"model": self._fingerprint, "config": asdict(self.config), "prompt": self.prompt,

@@ -212,6 +212,18 @@ class ThresholdMap:
             return float(np.exp(y[-1] + slope * (speedup - x[-1])))
         return float(np.exp(np.interp(speedup, x, y)))
 
+    def recalibrated(self, old, new) -> "ThresholdMap":
+        """The same thresholds with speedups re-read through a newer calibration.
+
+        The map's speedups are mean realised budgets K converted with the calibration
+        of the time (`old`); a threshold's K does not depend on the machine, so
+        K = alpha_old - beta_old (1/rho - f_old) converted with `new` gives today's speedup.
+        """
+        budgets = old.alpha - old.beta * (1.0 / self.speedups - old.scheduler_fraction)
+        speedups = np.array([new.speedup_of_budget(k) for k in budgets])
+        keep = np.isfinite(speedups)
+        return ThresholdMap(speedups[keep], self.thresholds[keep], source=f"{self.source}, recalibrated: {new.source}")
+
     def to_dict(self) -> dict:
         return {"speedups": self.speedups.tolist(), "thresholds": self.thresholds.tolist(), "source": self.source}
 

@@ -5,11 +5,10 @@
     python scripts/calibrate.py --env MorcaTiny-v0 --packaged       # update the package default
     python scripts/calibrate.py --env MorcaTiny-v0 --thresholds     # SeaCache threshold -> speedup map g(rho)
 
-rho = T_full / T(K): T_full is the stock no-cache generation (no scheduler
-inputs computed), T(K) an env episode with a uniform K-reuse schedule (cache
-hooks, SeaCache signal and latent features included). Budgets are measured in
-interleaved rounds so that machine noise spreads over all of them; the median
-per K is fitted. The env picks the fit up automatically (user file first).
+How it measures: `morca_env.calibrate` (stock no-cache generation against uniform
+K-reuse env episodes, interleaved rounds, median per K). The env picks the fit up
+automatically (user file first). Wall-clock ratios drift with the machine's
+state: recalibrate before timing anything that matters.
 
 `--thresholds` instead runs plain SeaCache (no budget) for a grid of thresholds
 on training prompts and records the mean realised K, converted to a speedup with
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,9 +30,8 @@ import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env.budget import SpeedupCalibration
+from morca_env.calibrate import measure_calibration
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
-from morca_env.policies import UniformInterval
 
 
 def parse_args(argv=None):
@@ -42,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--env", default="MorcaTiny-v0", help="registered env id")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of extra env kwargs")
     p.add_argument("--budgets", type=int, nargs="*", help="K values (default: 0 and 8 more up to K_max)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds over all budgets")
+    p.add_argument("--repeats", type=int, default=6, help="rounds over all budgets")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
     p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
@@ -99,42 +96,11 @@ def main(argv=None) -> int:
     if args.thresholds:
         return calibrate_thresholds(args, kwargs)
     env = gym.make(args.env, budget=0, **kwargs).unwrapped
-    spec = env.budget_spec
-    budgets = args.budgets or sorted({0, *np.linspace(0, spec.max_budget, 9).round().astype(int).tolist()})
-    prompts = env.suite.pairs()
-    policy = UniformInterval()
-    samples: dict[int, list[float]] = {k: [] for k in budgets}
-    full: list[float] = []
-    bar = tqdm(total=args.repeats * (len(budgets) + 1), desc=f"calibrate {args.env}", unit="episode")
-    for round_index in range(args.repeats):
-        prompt, seed = prompts[round_index % len(prompts)]
-        env.denoiser.generate(prompt=prompt, seed=seed)  # warm-up, and the stock no-cache latency
-        full.append(env.denoiser.elapsed_s)
-        bar.update()
-        for k in budgets:
-            obs, info = env.reset(options={"prompt": prompt, "seed": seed, "budget": k})
-            policy.reset(obs, info)
-            done = False
-            while not done:
-                obs, _, done, _, info = env.step(policy(obs))
-            samples[k].append(info["latency_s"])
-            bar.update()
-    bar.close()
-    t_full = float(np.median(full))
-    median = {k: float(np.median(v)) for k, v in samples.items()}
-    calib = SpeedupCalibration.fit(
-        budgets, [median[k] for k in budgets], max_budget=spec.max_budget, num_steps=env.num_steps,
-        full_latency_s=t_full,
-        source=f"scripts/calibrate.py on {platform.node()} ({'cuda' if env.device.type == 'cuda' else 'cpu'}, "
-               f"{args.threads} threads) {time.strftime('%Y-%m-%d')}")
-    print(f"\nT_full (stock, no cache) = {t_full:.3f} s")
-    print(f"{'K':>4} {'latency s':>10} {'speedup':>8} {'fit speedup':>11}")
-    for k in budgets:
-        print(f"{k:>4} {median[k]:>10.3f} {t_full / median[k]:>8.3f} {calib.speedup_of_budget(k):>11.3f}")
-    print(f"fit: K = {calib.alpha:.3f} - {calib.beta:.3f} / rho   (feasible speedups 1.00 - {calib.speedup_range[1]:.2f})")
+    measured = measure_calibration(env, args.budgets, args.repeats, threads=args.threads)
+    print("\n" + measured.table())
     name = env.preset.name
     out = args.out or (packaged_calibration_path(name) if args.packaged else user_calibration_dir() / f"{name}.json")
-    calib.to_json(out)
+    measured.calibration.to_json(out)
     print(f"saved to {out}")
     env.close()
     return 0

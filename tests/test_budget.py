@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
 
 
 @st.composite
@@ -101,5 +101,41 @@ def test_speedup_out_of_range_names_value_and_range():
 
 def test_calibration_json_round_trip(tmp_path):
     calib = SpeedupCalibration(alpha=51.2, beta=50.1, max_budget=48, source="x", full_latency_s=3.2, num_steps=50)
+    calib.to_json(tmp_path / "c.json")
+    assert SpeedupCalibration.from_json(tmp_path / "c.json") == calib
+
+
+def test_dithered_rounding_brackets_k_star_and_averages_to_it():
+    calib = SpeedupCalibration(alpha=61.0, beta=57.0, max_budget=48, source="test")
+    target = 4.0
+    k_star = calib.fractional_budget(target)
+    assert calib.speedup_of_budget(k_star) == pytest.approx(target)
+    draws = (np.arange(1000) + 0.5) / 1000
+    budgets = np.array([calib.budget_for_speedup(target, u) for u in draws])
+    assert set(budgets.tolist()) == {math.floor(k_star), math.ceil(k_star)}
+    assert budgets.mean() == pytest.approx(k_star, abs=1e-3)
+    assert calib.budget_for_speedup(calib.speedup_range[1], 0.999) == 48  # never past K_max
+    for bad in (1.0, -0.1, "0.5"):
+        with pytest.raises(ValueError, match=f"dither={bad!r} must be a number in \\[0, 1\\)"):
+            calib.budget_for_speedup(target, bad)
+    spread = sorted(seed_dither(s) for s in range(10))
+    assert max(np.diff(spread)) < 0.2  # consecutive seeds cover [0, 1) evenly
+
+
+def test_measured_points_override_the_line_inside_their_range(tmp_path):
+    """A curve that bends near the ceiling: the global line misses it, the fit through the points does not."""
+    n, full = 50, 1.0
+    ks = np.array([0, 8, 16, 24, 32, 40, 42, 44, 46, 48])
+    inverse = 1 - 0.018 * ks + 0.00015 * ks**2  # slower than linear at the top, as MorcaTiny
+    calib = SpeedupCalibration.fit(ks, inverse * full, max_budget=48, source="bent", num_steps=n, full_latency_s=full)
+    line = SpeedupCalibration(alpha=calib.alpha, beta=calib.beta, max_budget=48, source="line")
+    for k, r in zip(ks, inverse):
+        assert calib.speedup_of_budget(k) == pytest.approx(1 / r, rel=1e-3)
+    assert abs(line.speedup_of_budget(48) - 1 / inverse[-1]) > 0.1  # the line alone is off here
+    target = 1 / (1 - 0.018 * 47 + 0.00015 * 47**2)
+    assert calib.fractional_budget(target) == pytest.approx(47, abs=0.02)
+    assert calib.budget_for_speedup(target) == 47
+    noisy = SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48, points=[[0, 1.0], [10, 0.7], [20, 0.75]])
+    assert noisy.speedup_of_budget(20) == pytest.approx(1 / 0.7)  # a bumped-up point is flattened, not trusted
     calib.to_json(tmp_path / "c.json")
     assert SpeedupCalibration.from_json(tmp_path / "c.json") == calib

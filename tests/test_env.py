@@ -1,3 +1,4 @@
+import math
 import warnings
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.budget import forced_recompute_steps
+from morca_env.budget import forced_recompute_steps, seed_dither
 from morca_env.models.tiny_data import vocabulary
 from tests.conftest import make_pipe
 
@@ -183,8 +184,8 @@ def test_reset_options_and_seeded_determinism(tmp_path):
     assert all(np.array_equal(obs1[k], obs2[k]) for k in obs1)
     _, info = env.reset(options={"prompt": "a red circle moving up on a black background", "seed": 3, "budget": 5})
     assert (info["prompt"], info["seed"], info["budget"]) == ("a red circle moving up on a black background", 3, 5)
-    _, info = env.reset(options={"speedup": 2.0})
-    assert info["budget"] == env.unwrapped.calibration.budget_for_speedup(2.0)
+    _, info = env.reset(options={"speedup": 2.0, "seed": 7})
+    assert info["budget"] == env.unwrapped.calibration.budget_for_speedup(2.0, seed_dither(7))
 
 
 def test_reference_generated_once_and_truncated_file_regenerated(tmp_path):
@@ -219,7 +220,8 @@ def test_wan21_env_with_injected_tiny_pipeline(tmp_path):
     assert env.unwrapped.num_steps == 50 and env.unwrapped.config.guidance_scale == 5.0
     rewards, infos = run_episode(env, random_policy())
     final = infos[-1]
-    assert final["num_reuse"] == final["budget"] == env.unwrapped.calibration.budget_for_speedup(3.0)
+    assert final["num_reuse"] == final["budget"] == env.unwrapped.calibration.budget_for_speedup(
+        3.0, seed_dither(env.unwrapped.gen_seed))
     assert np.isfinite(final["psnr"]) and final["latency_s"] > 0 and final["reference_latency_s"] > 0
     assert env.unwrapped.last_video.shape == (9, 32, 32, 3)
 
@@ -270,3 +272,25 @@ def test_failed_construction_leaves_an_injected_pipeline_clean(tmp_path):
     assert pipe.transformer.blocks[0]._diffusers_hook.hooks
     env.close()
     assert not pipe.transformer.blocks[0]._diffusers_hook.hooks
+
+
+def test_dithered_budget_hits_the_target_speedup_on_average(tmp_path):
+    """Each episode runs floor(K*) or ceil(K*); over consecutive seeds the mean latency is the target's,
+    and every method gets the same K for the same (prompt, seed, target)."""
+    env = tiny_env(tmp_path, budget=0)
+    calib = env.unwrapped.calibration
+    target = 2.2
+    k_star = calib.fractional_budget(target)
+    budgets = [env.reset(options={"speedup": target, "seed": s})[1]["budget"] for s in range(40)]
+    assert set(budgets) <= {math.floor(k_star), math.ceil(k_star)}
+    assert np.mean(budgets) == pytest.approx(k_star, abs=0.05)
+    # mean predicted latency (linear in K) is the target's
+    mean_inverse = np.mean([1 / calib.speedup_of_budget(k) for k in budgets])
+    assert 1 / mean_inverse == pytest.approx(target, rel=0.01)
+    again = [env.reset(options={"speedup": target, "seed": s})[1]["budget"] for s in range(40)]
+    assert again == budgets
+    nearest = tiny_env(tmp_path, budget=0, budget_rounding="nearest")
+    assert {nearest.reset(options={"speedup": target, "seed": s})[1]["budget"] for s in range(5)} == {
+        calib.budget_for_speedup(target)}
+    with pytest.raises(ValueError, match="budget_rounding='up'; valid: \\('dither', 'nearest'\\)"):
+        tiny_env(tmp_path, budget=0, budget_rounding="up")

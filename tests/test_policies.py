@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import morca_env  # noqa: F401
-from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, UniformInterval
+from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, ThresholdMap, UniformInterval
 
 
 def play(env, policy, seed=0, options=None):
@@ -50,3 +50,16 @@ def test_seacache_exact_budget_finds_the_threshold(env):
     assert info["schedule"] == threshold_info["schedule"]  # the same threshold, replayed through the env
     assert sum(info["schedule"]) == 8
     policy.close()
+
+
+def test_threshold_map_recalibrated_keeps_each_thresholds_budget():
+    """A threshold's realised K is machine independent; only the K -> speedup reading changes."""
+    old = SpeedupCalibration(alpha=61.0, beta=57.0, max_budget=48, source="old")
+    new = SpeedupCalibration(alpha=60.0, beta=55.0, max_budget=48, source="new")
+    budgets = np.array([10.0, 25.0, 40.0, 46.0])
+    tmap = ThresholdMap([old.speedup_of_budget(k) for k in budgets], [0.1, 0.3, 0.9, 2.0], source="test")
+    moved = tmap.recalibrated(old, new)
+    assert moved.speedups == pytest.approx([new.speedup_of_budget(k) for k in budgets])
+    assert moved.thresholds.tolist() == tmap.thresholds.tolist()
+    assert moved(new.speedup_of_budget(25.0)) == pytest.approx(0.3)
+    assert "recalibrated: new" in moved.source

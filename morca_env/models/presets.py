@@ -158,6 +158,7 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
             warnings.warn(f"calibration for {name!r} was made at {steps} steps; rescaling to {num_steps}", stacklevel=3)
             _warned.add((name, num_steps))
         full = calib.full_latency_s * scale if calib.full_latency_s else calib.full_latency_s
+        points = [[k * scale, r] for k, r in calib.points] if calib.points else None
         calib = replace(calib, alpha=calib.alpha * scale, beta=calib.beta * scale, num_steps=num_steps,
-                        full_latency_s=full, source=f"{calib.source} (rescaled from {steps} steps)")
+                        full_latency_s=full, points=points, source=f"{calib.source} (rescaled from {steps} steps)")
     return replace(calib, max_budget=max_budget)
