@@ -23,6 +23,7 @@ from tqdm import tqdm
 from morca_env.io import atomic_path, atomic_write_text
 
 from .iql import DiscreteIQL, DiscreteIQLConfig
+from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
 from .training import (CheckpointDir, episode_from_rollout, make_buffer, observation_shapes, run_updates,
                        steps_per_epoch)
@@ -44,6 +45,7 @@ class OnlineConfig:
     speedup_range: tuple[float, float] = (1.5, 4.5)
     max_steps_per_epoch: int | None = None  # cap an epoch's updates (CPU budgets); None = a full pass
     n_step: int = 1  # return horizon of the Q targets (morca_env.data.transition_picker); 1 = the paper's TD
+    features: str = "p3,mean,var"  # latent features of the networks when starting from scratch (offline: its own)
     seed: int = 0
 
     def __post_init__(self):
@@ -51,6 +53,7 @@ class OnlineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        parse_features(self.features)  # a bad name fails here, naming the valid ones
         lo, hi = self.speedup_range
         if not 1.0 <= lo <= hi:
             raise ValueError(f"speedup_range={self.speedup_range!r} must be (low, high) with 1 <= low <= high")
@@ -87,6 +90,10 @@ class OnlineTrainer:
             iql = dataclasses.replace(iql, actor_encoder_factory=offline_algo.config.actor_encoder_factory,
                                       critic_encoder_factory=offline_algo.config.critic_encoder_factory,
                                       value_encoder_factory=offline_algo.config.value_encoder_factory)
+        else:
+            encoder = MorcaEncoderFactory(features=config.features)
+            iql = dataclasses.replace(iql, actor_encoder_factory=encoder, critic_encoder_factory=encoder,
+                                      value_encoder_factory=encoder)
         self.algo = iql.create(device=device)
         self.algo.create_impl(observation_shapes(self.env), 2)
         if offline_algo is not None:

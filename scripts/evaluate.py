@@ -12,8 +12,10 @@ tuned on training prompts as the paper tunes it; its K varies per video),
 `morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`. Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
-Speedup = a stock no-cache generation of the same prompt, timed in the same run
-just before that prompt's episodes, over the episode's latency. Latency includes
+Speedup = mean stock no-cache latency / mean episode latency over the prompts, each
+stock generation timed in the same run just before that prompt's episodes.
+`--calibrate ROUNDS` first measures the speedup -> K calibration on this machine
+(wall-clock ratios drift with its load; the quickstart does this). Latency includes
 the scheduler's own per-step inference time, and a learned scheduler's K for a
 target counts that time (`scheduler_cost_s`, measured once per method); the per-video
 threshold search of `seacache-exact` (its replays) is not counted: it is an
@@ -42,7 +44,7 @@ from morca_env.video import side_by_side, write_video
 RULES = ("uniform", "random", "seacache-exact", "seacache-global", "behaviour")
 
 
-def load_method(name: str, spec: str | None, env, free_env):
+def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
     """-> (policy, env it runs in)."""
     if name == "uniform":
         return policies.UniformInterval(), env
@@ -51,7 +53,7 @@ def load_method(name: str, spec: str | None, env, free_env):
     if name == "seacache-exact":
         return policies.SeaCacheExactBudget(env), env
     if name == "seacache-global":
-        return GlobalSeaCache(load_threshold_map(env.unwrapped.preset.name)), free_env
+        return GlobalSeaCache(threshold_map or load_threshold_map(env.unwrapped.preset.name)), free_env
     if name == "behaviour":  # the offline data's threshold-curve policy, held to the exact budget by the mask
         return policies.ThresholdCurve(load_threshold_map(env.unwrapped.preset.name), seed=0), env
     if spec is None:
@@ -109,6 +111,27 @@ def stock_latency(denoiser, prompt: str, seed: int) -> float:
     return denoiser.elapsed_s
 
 
+def use_fresh_calibration(args, env, free_env):
+    """Measure (or, on resume, reload) this run's calibration, install it in both envs; -> the
+    SeaCache threshold map re-read through it. Wall-clock ratios drift with the machine's state, so
+    targets are only hit with a calibration measured next to the episodes it converts."""
+    from morca_env.budget import SpeedupCalibration
+    from morca_env.calibrate import measure_calibration
+
+    path = args.out / "calibration.json"
+    if path.exists():
+        calibration = SpeedupCalibration.from_json(path)
+        print(f"calibration from {path} (resume): {calibration.source}")
+    else:
+        measured = measure_calibration(env, repeats=args.calibrate, threads=args.threads)
+        print(measured.table())
+        calibration = measured.calibration
+        calibration.to_json(path)
+    old = env.calibration
+    env.calibration = free_env.calibration = calibration
+    return load_threshold_map(env.preset.name).recalibrated(old, calibration)
+
+
 def parse_methods(items):
     methods = []
     for item in items:
@@ -126,7 +149,10 @@ def summarise(rows, targets, methods):
                 continue
             entry = {"target": target, "method": name, "episodes": len(sel),
                      "latency_s": float(np.mean([r["latency_s"] for r in sel])),
-                     "speedup": float(np.mean([r["speedup"] for r in sel])),
+                     # ratio of mean latencies, as the latency column (the mean of per-episode
+                     # ratios is biased upwards by timing noise, Jensen)
+                     "speedup": float(np.mean([r["stock_latency_s"] for r in sel])
+                                      / np.mean([r["latency_s"] for r in sel])),
                      "K": float(np.mean([r["num_reuse"] for r in sel])),
                      "psnr": float(np.mean([r["psnr"] for r in sel])), "psnr_std": float(np.std([r["psnr"] for r in sel])),
                      "ssim": float(np.mean([r["ssim"] for r in sel]))}
@@ -225,12 +251,21 @@ def main(argv=None) -> int:
     p.add_argument("--env-kwargs", default="{}")
     p.add_argument("--suite", help="prompt suite (default: the env's held-out eval suite)")
     p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--skip-prompts", type=int, default=0,
+                   help="start after the suite's first N prompts (e.g. keep prompts used to pick settings out of a report)")
     p.add_argument("--targets", type=float, nargs="+", help="speedups (default: the model's eval targets)")
     p.add_argument("--methods", nargs="+", default=["uniform", "seacache-global", "seacache-exact", "random"])
     p.add_argument("--out", type=Path, default=Path("runs/eval"))
     p.add_argument("--videos", type=int, default=3, help="prompts to render side by side (at the middle target)")
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--calibrate", type=int, default=0, metavar="ROUNDS",
+                   help="measure the speedup calibration first (ROUNDS rounds over 9 budgets, ~0.5 s per episode "
+                        "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "
+                        "0 (default): the installed calibration")
+    p.add_argument("--same-k", action="store_true",
+                   help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
+                        "not in their K): the paper's Table 4 comparison at equal budget")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -240,10 +275,17 @@ def main(argv=None) -> int:
     env = gym.make(args.env, budget=0, prompts=args.suite or preset.eval_suite, **kwargs)
     free_env = gym.make(args.env, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
                         prompts=env.unwrapped.suite, **{k: v for k, v in kwargs.items() if k != "model_id"})
+    threshold_map = None
+    if args.calibrate:
+        threshold_map = use_fresh_calibration(args, env.unwrapped, free_env.unwrapped)
     methods = parse_methods(args.methods)
-    loaded = {name: load_method(name, spec, env, free_env) for name, spec in methods}
-    pairs = env.unwrapped.suite.pairs()[: args.prompts]
+    loaded = {name: load_method(name, spec, env, free_env, threshold_map) for name, spec in methods}
+    pairs = env.unwrapped.suite.pairs()[args.skip_prompts: args.skip_prompts + args.prompts]
+    if not pairs:
+        raise SystemExit(f"--skip-prompts {args.skip_prompts} leaves no prompts: the suite has "
+                         f"{len(env.unwrapped.suite.pairs())}")
     cost = {name: scheduler_step_cost(*loaded[name], *pairs[0]) if name not in RULES else 0.0 for name, _ in methods}
+    k_cost = {name: 0.0 if args.same_k else c for name, c in cost.items()}  # what the speedup -> K map counts
     log = args.out / "episodes.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
@@ -257,7 +299,7 @@ def main(argv=None) -> int:
             if (target, index) not in stock:
                 stock[target, index] = stock_latency(env.unwrapped.denoiser, prompt, seed)
             info, policy_time, setup_time = run_episode(method_env, policy, {
-                "prompt": prompt, "seed": seed, "speedup": target, "scheduler_cost_s": cost[name]})
+                "prompt": prompt, "seed": seed, "speedup": target, "scheduler_cost_s": k_cost[name]})
             latency = info["latency_s"] + policy_time
             row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
                    "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
@@ -277,7 +319,7 @@ def main(argv=None) -> int:
         for name, _ in methods:
             policy, method_env = loaded[name]
             info, _, _ = run_episode(method_env, policy, {"prompt": prompt, "seed": seed, "speedup": middle,
-                                                          "scheduler_cost_s": cost[name]})
+                                                          "scheduler_cost_s": k_cost[name]})
             vids["reference"] = method_env.unwrapped.reference_video
             vids[f"{name} {min(info['psnr'], 99):.1f}dB"] = method_env.unwrapped.last_video
         write_video(side_by_side(vids), args.out / f"video_{index:03d}.gif")

@@ -38,6 +38,8 @@ def parse_args(argv=None):
                         "which converge in far fewer updates (CPU budgets)")
     p.add_argument("--episodes", type=int, help="keep only the dataset's first N episodes (default: all)")
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
+    p.add_argument("--features", default="p3,mean,var",
+                   help="latent features of the networks with --from-scratch (an offline checkpoint keeps its own)")
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of env kwargs")
     p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
                           actor_learning_rate=args.actor_lr, critic_learning_rate=args.critic_lr,
                           weight_temp=args.beta, max_weight=args.w_max, batch_size=args.batch_size,
                           speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range),
-                          max_steps_per_epoch=args.max_steps_per_epoch, n_step=args.n_step,
+                          max_steps_per_epoch=args.max_steps_per_epoch, n_step=args.n_step, features=args.features,
                           seed=args.seed)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))

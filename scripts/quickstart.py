@@ -8,8 +8,9 @@ Runs the same scripts you would run at full scale, one after the other:
   1. scripts/collect.py          offline trajectories (random threshold curves) -> Minari dataset
   2. scripts/train_offline.py    offline discrete IQL
   3. scripts/finetune_online.py  online fine-tuning rounds
-  4. scripts/evaluate.py         MORCA vs SeaCache (global threshold) and uniform at 2x / 2.5x / 3x on
-                                 held-out tiny-eval prompts: table, Pareto plot, schedule plot, videos
+  4. scripts/evaluate.py         measures this machine's speedup calibration, then MORCA vs SeaCache
+                                 (global threshold) and uniform at 2x / 2.5x / 3x on held-out tiny-eval
+                                 prompts: table, Pareto plot, schedule plot, videos
 Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
 re-running resumes where it stopped.
 """
@@ -25,10 +26,14 @@ from pathlib import Path
 from _runner import ROOT, resume_flag, run
 
 SCALES = {
-    "quick": dict(episodes=64, workers=2, offline_epochs=6, max_steps_per_epoch=40, rounds=2, trajectories=8,
-                  warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8),
+    # quick: scalar state features and Monte-Carlo returns, the variant that learns at CPU scale
+    # (docs/results/ablation_tiny.md); paper: the paper's network (latent features) and one-step TD
+    "quick": dict(episodes=96, workers=2, offline_epochs=60, max_steps_per_epoch=40, rounds=2, trajectories=16,
+                  warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8, calibration_rounds=6,
+                  features="", n_step=50),
     "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
-                  warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200),
+                  warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200, calibration_rounds=10,
+                  features="p3,mean,var", n_step=1),
 }
 
 
@@ -53,15 +58,18 @@ def main(argv=None) -> int:
                         "--episodes", str(sizes["episodes"]), "--workers", str(sizes["workers"])], env)
     offline = out / "offline"
     offline_args = ["scripts/train_offline.py", "--dataset", dataset, "--epochs", str(sizes["offline_epochs"]),
+                    "--features", sizes["features"], "--n-step", str(sizes["n_step"]),
                     "--run-dir", str(offline), *cap(sizes["max_steps_per_epoch"]), *resume_flag(offline)]
     run("2/4 offline IQL", offline_args, env)
     online = out / "online"
     online_args = ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"), "--dataset", dataset,
+                   "--n-step", str(sizes["n_step"]),
                    "--rounds", str(sizes["rounds"]), "--trajectories", str(sizes["trajectories"]),
                    "--warmup-epochs", str(sizes["warmup_epochs"]), "--joint-epochs", str(sizes["joint_epochs"]),
                    "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"]), *resume_flag(online)]
     run("3/4 online fine-tuning", online_args, env)
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
+                         "--calibrate", str(sizes["calibration_rounds"]),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",
                          f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")

@@ -173,3 +173,18 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     while not done:
         obs, _, done, _, info = env.step(policy(obs))
         assert not info["projected"]
+
+
+def test_online_from_scratch_takes_the_feature_ablation(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    env = gym.make("MorcaTinyRandom-v0", num_inference_steps=8, lpips=False, reference_cache_dir=str(tmp_path / "r"))
+    trainer = OnlineTrainer(env, OnlineConfig(rounds=1, trajectories_per_round=1, features=""), tmp_path / "o",
+                            progress=False)
+    trunk = trainer.algo.impl.policy._encoder.trunk
+    assert trunk.branch3d is None and trunk.branch2d is None  # scalars only
+    with pytest.raises(ValueError, match=r"unknown latent features \['colour'\]"):
+        OnlineConfig(features="p3,colour")
