@@ -3,6 +3,7 @@
     python scripts/ablation_training.py --dataset morca/tiny/random-v0 --offline-epochs 20 \
         --rounds 4 --trajectories 50 --prompts 50
     python scripts/ablation_training.py --episodes 200 ...   # D = the dataset's first 200 episodes
+    python scripts/ablation_training.py --features "" --n-step 50 ...   # the variant that learns on a CPU
 
 Compares, on held-out prompts:
   * offline IQL            (the dataset's D trajectories)
@@ -34,7 +35,10 @@ def main(argv=None) -> int:
     p.add_argument("--trajectories", type=int, default=100)
     p.add_argument("--warmup-epochs", type=int, default=5)
     p.add_argument("--joint-epochs", type=int, default=20)
+    p.add_argument("--features", default="p3,mean,var", help="latent features of every IQL network")
+    p.add_argument("--n-step", type=int, default=1, help="IQL return horizon (1: the paper; 50: Monte-Carlo)")
     p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--skip-prompts", type=int, default=0, help="evaluate after the eval suite's first N prompts")
     p.add_argument("--targets", type=float, nargs="+", default=[3.0])
     p.add_argument("--out", type=Path, default=Path("runs/ablation_training"))
     args = p.parse_args(argv)
@@ -47,11 +51,12 @@ def main(argv=None) -> int:
     total = offline_size + args.rounds * args.trajectories
     cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
     online_common = ["--trajectories", str(args.trajectories), "--warmup-epochs", str(args.warmup_epochs),
-                     "--joint-epochs", str(args.joint_epochs), *cap]
+                     "--joint-epochs", str(args.joint_epochs), "--n-step", str(args.n_step), *cap]
     offline = out / "offline"
     if not (offline / "final.d3").exists():
         run("offline IQL", ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
-                            *subset, "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
+                            *subset, "--features", args.features, "--n-step", str(args.n_step),
+                            "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
     o2o = out / "offline_to_online"
     if not (o2o / "final.d3").exists():
         run("offline-to-online IQL", ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"),
@@ -60,7 +65,8 @@ def main(argv=None) -> int:
     scratch = out / "online_scratch"
     scratch_rounds = max(1, round(total / args.trajectories))
     if not (scratch / "final.d3").exists():
-        run("online IQL from scratch", ["scripts/finetune_online.py", "--from-scratch", "--rounds",
+        run("online IQL from scratch", ["scripts/finetune_online.py", "--from-scratch", "--features", args.features,
+                                        "--rounds",
                                         str(scratch_rounds), *online_common, "--run-dir", str(scratch),
                                         *resume_flag(scratch)], env)
     reinforce = out / "reinforce"
@@ -70,7 +76,8 @@ def main(argv=None) -> int:
     (out / "budgets.json").write_text(json.dumps({"offline": offline_size, "offline_to_online": total,
                                                   "online_scratch": scratch_rounds * args.trajectories,
                                                   "reinforce": total}, indent=1))
-    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
+    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--skip-prompts", str(args.skip_prompts),
+                     "--same-k", "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", "--methods", "random", "behaviour", "seacache-global",
                      f"reinforce={reinforce / 'reinforce.pt'}", f"morca-scratch={scratch / 'final.d3'}",
                      f"morca-offline={offline / 'final.d3'}", f"morca-online={o2o / 'final.d3'}"], env)

@@ -133,6 +133,11 @@ def test_plain_policy_on_env_observations(tmp_path):
         terminated=True)], action_space=ActionSpace.DISCRETE, action_size=2)
     algo = DiscreteIQLConfig(batch_size=2).create(device="cpu")
     algo.build_with_dataset(buffer)
+    direct = MorcaPolicy(algo)
+    assert direct._network is not None  # the fast path calls the network, d3rlpy's predict is the reference
+    for scale in (0.0, 1.0, 10.0):
+        varied = {**obs, "scalars": obs["scalars"] * 0 + scale, "action_mask": np.array([1, 1], np.int8)}
+        assert direct(varied) == int(algo.predict(observation_batch(varied))[0])
     for deterministic in (True, False):
         policy = MorcaPolicy(algo, deterministic=deterministic)
         obs, info = env.reset(seed=1)
