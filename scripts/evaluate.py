@@ -127,6 +127,11 @@ def use_fresh_calibration(args, env, free_env):
         print(measured.table())
         calibration = measured.calibration
         calibration.to_json(path)
+    lo, hi = calibration.speedup_range
+    bad = [t for t in args.targets if not lo <= t <= hi]
+    if bad:
+        raise SystemExit(f"targets {bad} are outside the speedups this machine reaches now, [{lo:.2f}, {hi:.2f}] "
+                         f"({path}); pick targets in that range, or delete the file to measure again")
     old = env.calibration
     env.calibration = free_env.calibration = calibration
     return load_threshold_map(env.preset.name).recalibrated(old, calibration)

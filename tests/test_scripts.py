@@ -43,14 +43,15 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
 
     out = tmp_path / "eval"
     args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
-            "--prompts", "1", "--targets", "1.3", "--methods", "uniform", "--videos", "0", "--threads", "1",
+            "--prompts", "1", "--targets", "1.0", "--methods", "uniform", "--videos", "0", "--threads", "1",
             "--calibrate", "1", "--out", str(out)]
     stdout = run_script(args, tmp_path)
     calibration = SpeedupCalibration.from_json(out / "calibration.json")
     assert calibration.source.startswith("measured on") and len(calibration.points) == 9  # K = 0..8
     assert "fit: K =" in stdout
     row = json.loads((out / "episodes.jsonl").read_text().splitlines()[0])
-    assert row["num_reuse"] in (int(calibration.fractional_budget(1.3)), int(calibration.fractional_budget(1.3)) + 1)
+    # 1.0x is feasible whatever this machine measures (the env's own overhead can put K* above 0)
+    assert row["num_reuse"] in (int(calibration.fractional_budget(1.0)), int(calibration.fractional_budget(1.0)) + 1)
     before = (out / "calibration.json").read_bytes()
     stdout = run_script(args, tmp_path)
     assert "(resume)" in stdout and (out / "calibration.json").read_bytes() == before
