@@ -71,7 +71,8 @@ def main(argv=None) -> int:
                                         *resume_flag(scratch)], env)
     reinforce = out / "reinforce"
     if not (reinforce / "history.json").exists():
-        run("REINFORCE", ["scripts/train_reinforce.py", "--episodes", str(total), "--run-dir", str(reinforce),
+        run("REINFORCE", ["scripts/train_reinforce.py", "--episodes", str(total), "--features", args.features,
+                          "--run-dir", str(reinforce),
                           *(["--resume"] if (reinforce / "reinforce.pt").exists() else [])], env)
     (out / "budgets.json").write_text(json.dumps({"offline": offline_size, "offline_to_online": total,
                                                   "online_scratch": scratch_rounds * args.trajectories,
