@@ -180,12 +180,9 @@ class SpeedupCalibration:
                 return grid, smooth
         return grid, np.interp(grid, ks, np.minimum.accumulate(inverse))
 
-    def _measured(self) -> tuple[np.ndarray, np.ndarray] | None:
-        return self._measured_curve
-
     def _inverse_speedup(self, budget: float) -> float:
         """T(K) / T_full without the scheduler's share."""
-        measured = self._measured()
+        measured = self._measured_curve
         if measured is not None and measured[0][0] <= budget <= measured[0][-1]:
             return float(np.interp(budget, *measured))
         return max(self.alpha - budget, 0.0) / self.beta
@@ -229,14 +226,16 @@ class SpeedupCalibration:
 
     def fractional_budget(self, speedup: float) -> float:
         """The real-valued K* whose predicted latency is exactly the target's (clipped to [0, K_max])."""
-        speedup = self.check_speedup(speedup)
-        inverse = 1.0 / speedup - self.scheduler_fraction
-        measured = self._measured()
-        if measured is not None and measured[1][-1] <= inverse <= measured[1][0]:
-            k = float(np.interp(inverse, measured[1][::-1], measured[0][::-1]))
-        else:
-            k = self.alpha - self.beta * inverse
+        k = self.budget_at(self.check_speedup(speedup))
         return float(min(max(k, 0.0), self.max_budget))
+
+    def budget_at(self, speedup: float) -> float:
+        """The calibration curve read backwards: the (unclipped, unchecked) K predicted to give `speedup`."""
+        inverse = 1.0 / speedup - self.scheduler_fraction
+        measured = self._measured_curve
+        if measured is not None and measured[1][-1] <= inverse <= measured[1][0]:
+            return float(np.interp(inverse, measured[1][::-1], measured[0][::-1]))
+        return self.alpha - self.beta * inverse
 
     def budget_for_speedup(self, speedup: float, dither: float | None = None) -> int:
         """The integer K for a target speedup.

@@ -216,11 +216,10 @@ class ThresholdMap:
         """The same thresholds with speedups re-read through a newer calibration.
 
         The map's speedups are mean realised budgets K converted with the calibration
-        of the time (`old`); a threshold's K does not depend on the machine, so
-        K = alpha_old - beta_old (1/rho - f_old) converted with `new` gives today's speedup.
+        of the time (`old`); a threshold's K does not depend on the machine, so reading
+        `old` backwards and `new` forwards gives today's speedup.
         """
-        budgets = old.alpha - old.beta * (1.0 / self.speedups - old.scheduler_fraction)
-        speedups = np.array([new.speedup_of_budget(k) for k in budgets])
+        speedups = np.array([new.speedup_of_budget(old.budget_at(rho)) for rho in self.speedups])
         keep = np.isfinite(speedups)
         return ThresholdMap(speedups[keep], self.thresholds[keep], source=f"{self.source}, recalibrated: {new.source}")
 

@@ -66,8 +66,7 @@ def main(argv=None) -> int:
     scratch_rounds = max(1, round(total / args.trajectories))
     if not (scratch / "final.d3").exists():
         run("online IQL from scratch", ["scripts/finetune_online.py", "--from-scratch", "--features", args.features,
-                                        "--rounds",
-                                        str(scratch_rounds), *online_common, "--run-dir", str(scratch),
+                                        "--rounds", str(scratch_rounds), *online_common, "--run-dir", str(scratch),
                                         *resume_flag(scratch)], env)
     reinforce = out / "reinforce"
     if not (reinforce / "history.json").exists():

@@ -6,7 +6,7 @@
     python scripts/calibrate.py --env MorcaTiny-v0 --thresholds     # SeaCache threshold -> speedup map g(rho)
 
 How it measures: `morca_env.calibrate` (stock no-cache generation against uniform
-K-reuse env episodes, interleaved rounds, median per K). The env picks the fit up
+K-reuse env episodes, interleaved rounds, mean latency per K). The env picks the fit up
 automatically (user file first). Wall-clock ratios drift with the machine's
 state: recalibrate before timing anything that matters.
 
@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0", help="registered env id")
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of extra env kwargs")
-    p.add_argument("--budgets", type=int, nargs="*", help="K values (default: 0 and 8 more up to K_max)")
+    p.add_argument("--budgets", type=int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=int, default=6, help="rounds over all budgets")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")

@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calibrate", type=int, default=0, metavar="ROUNDS",
-                   help="measure the speedup calibration first (ROUNDS rounds over 9 budgets, ~0.5 s per episode "
+                   help="measure the speedup calibration first (ROUNDS rounds over ~10 budgets, ~0.5 s per episode "
                         "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "
                         "0 (default): the installed calibration")
     p.add_argument("--same-k", action="store_true",
