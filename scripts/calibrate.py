@@ -6,7 +6,8 @@
     python scripts/calibrate.py --env MorcaTiny-v0 --thresholds     # SeaCache threshold -> speedup map g(rho)
 
 How it measures: `morca_env.calibrate` (stock no-cache generation against uniform
-K-reuse env episodes, interleaved rounds, mean latency per K). The env picks the fit up
+K-reuse env episodes, interleaved rounds, mean latency per K, each timed run the
+fastest of `--timing-repeats`). The env picks the fit up
 automatically (user file first). Wall-clock ratios drift with the machine's
 state: recalibrate before timing anything that matters.
 
@@ -41,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--budgets", type=int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=int, default=6, help="rounds over all budgets")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--timing-repeats", type=int, default=3,
+                   help="each timed run counts by its fastest of this many back-to-back runs (1: single runs)")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
     p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
     p.add_argument("--thresholds", action="store_true", help="fit the SeaCache threshold -> speedup map instead")
@@ -96,7 +99,8 @@ def main(argv=None) -> int:
     if args.thresholds:
         return calibrate_thresholds(args, kwargs)
     env = gym.make(args.env, budget=0, **kwargs).unwrapped
-    measured = measure_calibration(env, args.budgets, args.repeats, threads=args.threads)
+    measured = measure_calibration(env, args.budgets, args.repeats, threads=args.threads,
+                                  timing_repeats=args.timing_repeats)
     print("\n" + measured.table())
     name = env.preset.name
     out = args.out or (packaged_calibration_path(name) if args.packaged else user_calibration_dir() / f"{name}.json")

@@ -30,10 +30,10 @@ SCALES = {
     # (docs/results/ablation_tiny.md); paper: the paper's network (latent features) and one-step TD
     "quick": dict(episodes=96, workers=2, offline_epochs=60, max_steps_per_epoch=40, rounds=2, trajectories=16,
                   warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8, calibration_rounds=6,
-                  features="", n_step=50),
+                  timing_repeats=2, features="", n_step=50),
     "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
                   warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200, calibration_rounds=10,
-                  features="p3,mean,var", n_step=1),
+                  timing_repeats=3, features="p3,mean,var", n_step=1),
 }
 
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                    "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"]), *resume_flag(online)]
     run("3/4 online fine-tuning", online_args, env)
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
-                         "--calibrate", str(sizes["calibration_rounds"]),
+                         "--calibrate", str(sizes["calibration_rounds"]), "--timing-repeats", str(sizes["timing_repeats"]),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",
                          f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")

@@ -38,18 +38,26 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
     assert len((out / "episodes.jsonl").read_text().splitlines()) == len(rows)
 
 
+def test_evaluate_rejects_bad_timing_repeats(tmp_path):
+    out = subprocess.run([sys.executable, "scripts/evaluate.py", "--timing-repeats", "0", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "--timing-repeats 0 must be >= 1" in out.stderr
+
+
 def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path):
     from morca_env.budget import SpeedupCalibration
 
     out = tmp_path / "eval"
     args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
             "--prompts", "1", "--targets", "1.0", "--methods", "uniform", "--videos", "0", "--threads", "1",
-            "--calibrate", "1", "--out", str(out)]
+            "--calibrate", "1", "--timing-repeats", "2", "--out", str(out)]
     stdout = run_script(args, tmp_path)
     calibration = SpeedupCalibration.from_json(out / "calibration.json")
     assert calibration.source.startswith("measured on") and len(calibration.points) == 9  # K = 0..8
+    assert "fastest of 2" in calibration.source
     assert "fit: K =" in stdout
     row = json.loads((out / "episodes.jsonl").read_text().splitlines()[0])
+    assert row["timing_repeats"] == 2
     # 1.0x is feasible whatever this machine measures (the env's own overhead can put K* above 0)
     assert row["num_reuse"] in (int(calibration.fractional_budget(1.0)), int(calibration.fractional_budget(1.0)) + 1)
     before = (out / "calibration.json").read_bytes()

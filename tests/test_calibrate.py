@@ -1,0 +1,52 @@
+"""Measuring the speedup calibration: rounds, timing repeats (fastest of R) and bad input."""
+
+import gymnasium as gym
+import pytest
+
+import morca_env  # noqa: F401  (registers the envs)
+from morca_env.calibrate import fastest, measure_calibration
+
+
+def test_fastest_takes_the_minimum_of_exactly_r_runs():
+    times = iter([3.0, 1.0, 2.0])
+    calls = []
+
+    def run():
+        calls.append(1)
+        return next(times)
+
+    assert fastest(run, 3) == 1.0 and len(calls) == 3
+    with pytest.raises(ValueError, match="repeats=0 must be >= 1"):
+        fastest(run, 0)
+
+
+def test_measure_calibration_times_each_point_as_the_fastest_of_r_runs(tmp_path):
+    env = gym.make("MorcaTinyRandom-v0", budget=0, num_inference_steps=10, lpips=False,
+                   reference_cache_dir=str(tmp_path / "refs")).unwrapped
+    latencies = []
+    stock_calls = []
+    original_step, original_generate = env.step, env.denoiser.generate
+
+    def step(action):
+        out = original_step(action)
+        if out[2]:
+            latencies.append((env.budget, out[4]["latency_s"]))
+        return out
+
+    def generate(*args, **kwargs):
+        stock_calls.append(kwargs.get("prompt"))
+        return original_generate(*args, **kwargs)
+
+    env.step, env.denoiser.generate = step, generate
+    budgets = [0, 4, 8]
+    measured = measure_calibration(env, budgets, repeats=2, threads=1, progress=False, timing_repeats=3)
+    # every budget: 2 rounds x 3 timed runs; the point is the mean over rounds of each round's fastest
+    for k in budgets:
+        runs = [t for b, t in latencies if b == k]
+        assert len(runs) == 6
+        expected = (min(runs[:3]) + min(runs[3:])) / 2
+        assert measured.mean_latency_s[k] == pytest.approx(expected)
+    assert len(stock_calls) >= 1 + 2 * 3  # warm-up + rounds x repeats (references may add generations)
+    assert "fastest of 3" in measured.calibration.source
+    with pytest.raises(ValueError, match="timing_repeats=0 must be >= 1"):
+        measure_calibration(env, budgets, repeats=1, progress=False, timing_repeats=0)
