@@ -31,6 +31,8 @@ class MorcaPolicy:
         network = getattr(impl, "policy", None) if impl is not None else None
         self._network = network if isinstance(network, torch.nn.Module) else None
         self._device = getattr(impl, "device", "cpu")
+        factory = getattr(getattr(algo, "config", None), "actor_encoder_factory", None)
+        self.reads_latents = bool(getattr(factory, "features", "p3"))  # unknown encoders: assume they do
 
     @classmethod
     def load(cls, path, device: str = "cpu", deterministic: bool = True) -> "MorcaPolicy":
@@ -41,7 +43,10 @@ class MorcaPolicy:
         return cls(d3rlpy.load_learnable(str(path), device=device), deterministic)
 
     def reset(self, obs, info) -> None:
-        pass
+        # latent features of a noisy latent are never all zero: zeros mean MorcaEnv(latent_features=False)
+        if self.reads_latents and not np.any(obs["pooled"]):
+            raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
+                             "the env was made with latent_features=False; use latent_features=True")
 
     @torch.no_grad()
     def __call__(self, obs) -> int:

@@ -106,7 +106,9 @@ class MorcaEnv(gym.Env):
     `budget_rounding` ("dither", the default: a target speedup between two attainable
     ones runs floor(K*) or ceil(K*) by a draw keyed on the generation seed, so the
     mean realised speedup over episodes is the target; "nearest": always the K with
-    the nearest predicted speedup).
+    the nearest predicted speedup), `latent_features` (default True; False leaves
+    `pooled` and `temporal` at zero and skips computing them, for rule schedulers and
+    scalar-state policies: a cheaper env, so measure its own calibration).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -136,9 +138,13 @@ class MorcaEnv(gym.Env):
         calibration: SpeedupCalibration | str | None = None,
         enforce_budget: bool = True,
         budget_rounding: str = "dither",
+        latent_features: bool = True,
         render_mode: str | None = None,
     ):
         super().__init__()
+        if not isinstance(latent_features, (bool, np.bool_)):
+            raise TypeError(f"latent_features={latent_features!r} must be True or False")
+        self.latent_features = bool(latent_features)
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
         self.budget_rounding = budget_rounding
@@ -192,7 +198,7 @@ class MorcaEnv(gym.Env):
         self.references = ReferenceCache(reference_cache_dir)
         self._fingerprint = self._pipeline_fingerprint()
         self._lpips = self._make_lpips(lpips)
-        self.observer = ObservationBuilder(self.budget_spec, signal)
+        self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features)
 
         channels = self.denoiser.in_channels
         shapes = feature_shapes(channels)

@@ -193,3 +193,27 @@ def test_online_from_scratch_takes_the_feature_ablation(tmp_path):
     assert trunk.branch3d is None and trunk.branch2d is None  # scalars only
     with pytest.raises(ValueError, match=r"unknown latent features \['colour'\]"):
         OnlineConfig(features="p3,colour")
+
+
+def test_policies_that_read_latents_refuse_an_env_without_them(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from agents.networks import MorcaEncoderFactory
+
+    env = gym.make("MorcaTinyRandom-v0", budget=4, num_inference_steps=10, lpips=False, latent_features=False,
+                   reference_cache_dir=str(tmp_path))
+    obs, info = env.reset(seed=0)
+    for features, reads in (("p3,mean,var", True), ("", False)):
+        factory = MorcaEncoderFactory(features=features)
+        algo = DiscreteIQLConfig(batch_size=2, actor_encoder_factory=factory, critic_encoder_factory=factory,
+                                 value_encoder_factory=factory).create(device="cpu")
+        algo.build_with_dataset(synthetic_buffer(1))
+        policy = MorcaPolicy(algo)
+        assert policy.reads_latents is reads
+        if reads:
+            with pytest.raises(ValueError, match="latent_features=False"):
+                policy.reset(obs, info)
+        else:
+            policy.reset(obs, info)
+            assert policy(obs) in (0, 1)

@@ -149,6 +149,28 @@ def test_observation_contents(tmp_path):
     assert obs["scalars"][4] == pytest.approx(0.1) and obs["scalars"][3] == pytest.approx(0.2)
 
 
+def test_without_latent_features_the_episode_is_the_same_and_features_are_zero(tmp_path):
+    full, lean = tiny_env(tmp_path, budget=4), tiny_env(tmp_path, budget=4, latent_features=False)
+    schedule = [0, 1, 0, 1, 1, 0, 1, 0, 0, 0]
+    results = []
+    for env in (full, lean):
+        obs, _ = env.reset(seed=3)
+        observations = [obs]
+        for action in schedule:
+            obs, reward, *_, info = env.step(action)
+            observations.append(obs)
+        results.append((observations, reward, info))
+    (obs_full, reward_full, info_full), (obs_lean, reward_lean, info_lean) = results
+    assert reward_lean == reward_full and info_lean["schedule"] == info_full["schedule"]
+    for a, b in zip(obs_full, obs_lean):
+        np.testing.assert_array_equal(a["scalars"], b["scalars"])
+        np.testing.assert_array_equal(a["action_mask"], b["action_mask"])
+        assert not b["pooled"].any() and not b["temporal"].any() and a["pooled"].any()
+        assert lean.observation_space.contains(b)
+    with pytest.raises(TypeError, match="latent_features='no' must be True or False"):
+        tiny_env(tmp_path, latent_features="no")
+
+
 def test_bad_inputs_name_the_value_and_the_valid_range(tmp_path):
     with pytest.raises(ValueError, match=r"speedup=9.0 is outside the feasible range \[1.00, "):
         tiny_env(tmp_path, speedup=9.0)
