@@ -14,7 +14,9 @@ line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
 Speedup = mean stock no-cache latency / mean episode latency over the prompts, each
 stock generation timed in the same run just before that prompt's episodes
-(`--timing-repeats R`: every timing is the fastest of R back-to-back runs).
+(`--timing-repeats R`: every timing is the fastest of R back-to-back runs;
+`--feedback`: a `SpeedupGovernor` per method and target corrects the requested
+speedup by what was realised so far).
 `--calibrate ROUNDS` first measures the speedup -> K calibration on this machine
 (wall-clock ratios drift with its load; the quickstart does this). Latency includes
 the scheduler's own per-step inference time, and a learned scheduler's K for a
@@ -40,6 +42,7 @@ from tqdm import tqdm
 import morca_env  # noqa: F401
 from morca_env import policies
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
+from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map
 from morca_env.video import side_by_side, write_video
 
@@ -279,12 +282,17 @@ def main(argv=None) -> int:
     p.add_argument("--timing-repeats", type=int, default=1, metavar="R",
                    help="time every stock generation and episode R times back to back and count the fastest "
                         "(timeit's convention; a shared machine's noise only adds time); R x the episodes")
+    p.add_argument("--feedback", action="store_true",
+                   help="closed-loop speedup control: per method and target a SpeedupGovernor corrects the requested "
+                        "speedup by the speedups realised so far (drift on a shared machine); rebuilt on resume")
     p.add_argument("--same-k", action="store_true",
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
     args = p.parse_args(argv)
     if args.timing_repeats < 1:
         p.error(f"--timing-repeats {args.timing_repeats} must be >= 1")
+    if args.feedback and args.same_k:
+        p.error("--feedback and --same-k exclude each other: per-method feedback would give each method its own K")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     kwargs = {"lpips": args.lpips, **json.loads(args.env_kwargs)}
@@ -309,6 +317,12 @@ def main(argv=None) -> int:
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
     todo = [(t, i, m) for t in args.targets for i in range(len(pairs)) for m, _ in methods if (m, t, i) not in done]
     middle = args.targets[len(args.targets) // 2]
+    lo, hi = env.unwrapped.calibration.speedup_range
+    governors = {(m, t): SpeedupGovernor(t, (lo, hi)) for t in args.targets for m, _ in methods} if args.feedback else {}
+    for row in rows:  # resume: the governors continue from what the finished episodes realised
+        if (row["method"], row["target"]) in governors and "requested_speedup" in row:
+            governors[row["method"], row["target"]].record(row["requested_speedup"], row["stock_latency_s"],
+                                                           row["latency_s"])
     stock = {}  # (target, prompt index) -> no-cache latency timed next to that group's episodes
     with open(log, "a") as f:
         for target, index, name in tqdm(todo, desc="evaluate", unit="episode"):
@@ -317,14 +331,19 @@ def main(argv=None) -> int:
             if (target, index) not in stock:
                 stock[target, index] = fastest(lambda: stock_seconds(env.unwrapped, prompt, seed),
                                                args.timing_repeats)
+            governor = governors.get((name, target))
+            requested = governor.request() if governor else target
             info, latency, policy_time, setup_time = timed_episode(method_env, policy, {
-                "prompt": prompt, "seed": seed, "speedup": target, "scheduler_cost_s": k_cost[name]},
+                "prompt": prompt, "seed": seed, "speedup": requested, "scheduler_cost_s": k_cost[name]},
                 args.timing_repeats)
+            if governor:
+                governor.record(requested, stock[target, index], latency)
             row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
                    "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
                    "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
                    "stock_latency_s": stock[target, index], "scheduler_cost_s": cost[name],
                    "speedup": stock[target, index] / latency, "timing_repeats": args.timing_repeats,
+                   "requested_speedup": requested,
                    "schedule": info["schedule"]}
             if "lpips" in info:
                 row["lpips"] = info["lpips"]

@@ -65,6 +65,26 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
     assert "(resume)" in stdout and (out / "calibration.json").read_bytes() == before
 
 
+def test_evaluate_feedback_corrects_requests_and_resumes_its_governor(tmp_path):
+    out = tmp_path / "eval"
+    base = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
+            "--targets", "1.5", "--methods", "uniform", "--videos", "0", "--threads", "1", "--feedback",
+            "--out", str(out)]
+    run_script([*base, "--prompts", "1"], tmp_path)
+    run_script([*base, "--prompts", "2"], tmp_path)  # resumes: the governor is rebuilt from the first row
+    first, second = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert first["requested_speedup"] == 1.5  # no history yet: the target itself
+    factor = first["stock_latency_s"] / (first["latency_s"] * first["requested_speedup"])
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+
+    lo, hi = gym.make("MorcaTinyRandom-v0", budget=0, num_inference_steps=10).unwrapped.calibration.speedup_range
+    assert second["requested_speedup"] == pytest.approx(min(hi, max(lo, 1.5 / factor)))
+    bad = subprocess.run([sys.executable, *base, "--same-k"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--feedback and --same-k exclude each other" in bad.stderr
+
+
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     out = tmp_path / "qs"
