@@ -13,6 +13,8 @@
 3. Step error vs terminal error: the correlation, over those random schedules,
    between the summed true step error (cached vs fresh residual, paper Fig. 1)
    and the terminal PSNR.
+4. Which prompt words the model reads: the training loss with one attribute of the
+   prompt swapped, by noise level (`morca_env.models.tiny_probe`; `--sensitivity-only`).
 Also times one 50-step CFG episode on one core, and writes sample GIFs.
 """
 
@@ -31,9 +33,11 @@ from tqdm import tqdm
 from morca_env.analysis import run_schedule
 from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.io import atomic_path
 from morca_env.metrics import to_uint8
 from morca_env.models import tiny
 from morca_env.models.tiny_data import prompt_following, tiny_prompt_suite
+from morca_env.models.tiny_probe import prompt_sensitivity
 from morca_env.policies import RandomFeasible, seacache_exact_schedule
 from morca_env.video import write_video
 
@@ -59,6 +63,11 @@ def write_samples(den, pairs, out: Path) -> None:
     (out / "samples.txt").write_text("\n".join(f"{i + 1}. {p}" for i, (p, _) in enumerate(pairs)) + "\n")
 
 
+def write_report(path: Path, report: dict) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=200)
@@ -67,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=25)
     p.add_argument("--out", type=Path, default=Path("docs/morca_tiny"))
     p.add_argument("--samples-only", action="store_true", help="only write samples.gif and samples.txt")
+    p.add_argument("--sensitivity-only", action="store_true",
+                   help="only measure which prompt words the model reads (updates that entry of metrics.json)")
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -74,7 +85,15 @@ def main(argv=None) -> int:
     pipe = tiny.load_morca_tiny(directory=args.weights)
     den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
     pairs = tiny_prompt_suite("tiny-eval").pairs()
-    report: dict = {}
+    metrics = args.out / "metrics.json"
+    sensitivity = {str(k): v for k, v in prompt_sensitivity(pipe).items()}
+    print("prompt sensitivity (loss increase with one attribute swapped):", json.dumps(sensitivity, indent=1))
+    if args.sensitivity_only:
+        report = json.loads(metrics.read_text()) if metrics.exists() else {}
+        report["prompt_sensitivity"] = sensitivity
+        write_report(metrics, report)
+        return 0
+    report: dict = {"prompt_sensitivity": sensitivity}
 
     write_samples(den, pairs[:: len(pairs) // 12][:12], args.out)
     if args.samples_only:
@@ -129,7 +148,7 @@ def main(argv=None) -> int:
         "spearman_pooled": spearman(all_errors, all_psnr),
         "spearman_within_prompt_mean": float(np.mean(within)),
     }
-    (args.out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_report(metrics, report)
     print(json.dumps(report, indent=2))
     den.close()
     return 0

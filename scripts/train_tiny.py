@@ -39,6 +39,11 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--shift", type=float, default=3.0)
+    p.add_argument("--high-noise-fraction", type=float, default=0.0,
+                   help="share of each batch with sigma drawn from U(--high-noise-min, 1): the sampler's first steps, "
+                        "where the prompt alone must fix what x_t cannot yet show (e.g. the direction of motion)")
+    p.add_argument("--high-noise-min", type=float, default=0.95)
+    p.add_argument("--init", type=Path, help="start from these weights (a MorcaTiny weights directory) instead of scratch")
     p.add_argument("--prompt-dropout", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--seed", type=int, default=0)
@@ -87,6 +92,10 @@ def main(argv=None) -> int:
     checkpoint = args.run_dir / "checkpoint.pt"
 
     pipe = tiny.build_untrained(seed=args.seed)
+    if args.init is not None:
+        start_from = tiny.load_morca_tiny(directory=args.init)
+        pipe.transformer.load_state_dict(start_from.transformer.state_dict())
+        pipe.text_encoder.load_state_dict(start_from.text_encoder.state_dict())
     modules = torch.nn.ModuleDict({"transformer": pipe.transformer, "text_encoder": pipe.text_encoder}).train()
     ema = copy.deepcopy(modules).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
@@ -115,6 +124,9 @@ def main(argv=None) -> int:
         prompts = ["" if rng.random() < args.prompt_dropout else s.prompt for s in batch]
         u = torch.rand(args.batch_size, generator=data_gen)
         sigma = args.shift * u / (1 + (args.shift - 1) * u)
+        if args.high_noise_fraction > 0:
+            high = torch.rand(args.batch_size, generator=data_gen) < args.high_noise_fraction
+            sigma = torch.where(high, args.high_noise_min + (1 - args.high_noise_min) * u, sigma)
         noise = torch.randn(x0.shape, generator=data_gen)
         s = sigma[:, None, None, None, None]
         x_t = (1 - s) * x0 + s * noise
@@ -131,8 +143,8 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for p_ema, p in zip(ema.parameters(), modules.parameters()):
                 p_ema.lerp_(p, 1 - decay)
-        losses.append(float(loss))
-        writer.add_scalar("train/loss", float(loss), step)
+        losses.append(loss.item())
+        writer.add_scalar("train/loss", losses[-1], step)
         writer.add_scalar("train/grad_norm", float(grad_norm), step)
         writer.add_scalar("train/lr", lr_at(step, args), step)
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
@@ -148,7 +160,8 @@ def main(argv=None) -> int:
     final_pipe.transformer.load_state_dict(ema["transformer"].state_dict())
     final_pipe.text_encoder.load_state_dict(ema["text_encoder"].state_dict())
     info = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "shift": args.shift,
-            "prompt_dropout": args.prompt_dropout, "ema": args.ema, "seed": args.seed, "threads": args.threads,
+            "prompt_dropout": args.prompt_dropout, "ema": args.ema, "high_noise_fraction": args.high_noise_fraction,
+            "high_noise_min": args.high_noise_min, "init": str(args.init) if args.init else None, "seed": args.seed, "threads": args.threads,
             "train_minutes": round(elapsed / 60, 1), "final_loss_mean_last_100": round(float(np.mean(losses[-100:])), 5)
             if losses else None}
     save_weights(final_pipe, Path(out), info)
