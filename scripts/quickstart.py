@@ -10,7 +10,8 @@ Runs the same scripts you would run at full scale, one after the other:
   3. scripts/finetune_online.py  online fine-tuning rounds
   4. scripts/evaluate.py         measures this machine's speedup calibration, then MORCA vs SeaCache
                                  (global threshold) and uniform at 2x / 2.5x / 3x on held-out tiny-eval
-                                 prompts: table, Pareto plot, schedule plot, videos
+                                 prompts, speedups held by feedback (--feedback): table, Pareto plot,
+                                 schedule plot, videos
 Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
 re-running resumes where it stopped.
 """
@@ -35,6 +36,11 @@ SCALES = {
                   warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200, calibration_rounds=10,
                   timing_repeats=3, features="p3,mean,var", n_step=1),
 }
+
+
+def lean_env(features: str) -> list[str]:
+    """Scalar-state schedulers (and the rules) never read latent features: evaluate in the cheaper env."""
+    return [] if features else ["--env-kwargs", '{"latent_features": false}']
 
 
 def main(argv=None) -> int:
@@ -70,6 +76,7 @@ def main(argv=None) -> int:
     run("3/4 online fine-tuning", online_args, env)
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
                          "--calibrate", str(sizes["calibration_rounds"]), "--timing-repeats", str(sizes["timing_repeats"]),
+                         "--feedback", *lean_env(sizes["features"]),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",
                          f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")
