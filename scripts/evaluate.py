@@ -122,6 +122,13 @@ def timed_episode(env, policy, options, repeats: int):
     return first[0], fastest, first[1], first[2]
 
 
+def governor_for(method_env, target: float, scheduler_cost_s: float) -> SpeedupGovernor:
+    """A governor whose requests stay inside the range the method's env accepts: a learned scheduler's
+    own per-step cost lowers the highest speedup its episodes can reach."""
+    calibration = method_env.unwrapped.calibration.with_scheduler_cost(scheduler_cost_s)
+    return SpeedupGovernor(target, calibration.speedup_range)
+
+
 def use_fresh_calibration(args, env, free_env):
     """Measure (or, on resume, reload) this run's calibration, install it in both envs; -> the
     SeaCache threshold map re-read through it. Wall-clock ratios drift with the machine's state, so
@@ -317,8 +324,8 @@ def main(argv=None) -> int:
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
     todo = [(t, i, m) for t in args.targets for i in range(len(pairs)) for m, _ in methods if (m, t, i) not in done]
     middle = args.targets[len(args.targets) // 2]
-    lo, hi = env.unwrapped.calibration.speedup_range
-    governors = {(m, t): SpeedupGovernor(t, (lo, hi)) for t in args.targets for m, _ in methods} if args.feedback else {}
+    governors = {(m, t): governor_for(loaded[m][1], t, k_cost[m]) for t in args.targets for m, _ in methods
+                 } if args.feedback else {}
     for row in rows:  # resume: the governors continue from what the finished episodes realised
         if (row["method"], row["target"]) in governors and "requested_speedup" in row:
             governors[row["method"], row["target"]].record(row["requested_speedup"], row["stock_latency_s"],

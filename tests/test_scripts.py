@@ -85,6 +85,25 @@ def test_evaluate_feedback_corrects_requests_and_resumes_its_governor(tmp_path):
     assert bad.returncode == 2 and "--feedback and --same-k exclude each other" in bad.stderr
 
 
+def test_feedback_requests_stay_inside_a_learned_schedulers_narrower_range(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from evaluate import governor_for
+
+    env = gym.make("MorcaTiny-v0", budget=0, num_inference_steps=10, lpips=False,  # a measured calibration
+                   reference_cache_dir=str(tmp_path))
+    rule_hi = governor_for(env, 1.5, 0.0).speedup_range[1]
+    governor = governor_for(env, 1.5, 0.002)  # 2 ms per step of scheduler inference
+    hi = governor.speedup_range[1]
+    assert hi < rule_hi
+    governor.record(1.5, stock_s=1.0, episode_s=1.0)  # the machine gave 1x for a 1.5x request
+    assert governor.request() == hi  # clipped where the env would otherwise reject the request
+    env.unwrapped.reset(options={"speedup": governor.request(), "scheduler_cost_s": 0.002})
+
+
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     out = tmp_path / "qs"
