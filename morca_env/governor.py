@@ -26,8 +26,8 @@ class SpeedupGovernor:
     target: float
     speedup_range: tuple[float, float]
     forgetting: float = 0.9  # weight of the past per new episode: follows drift over ~10 episodes
-    _stock: float = field(default=0.0, repr=False)
-    _scaled_episode: float = field(default=0.0, repr=False)
+    _stock: float = field(default=0.0, init=False, repr=False)
+    _scaled_episode: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self):
         lo, hi = self.speedup_range

@@ -113,13 +113,9 @@ def timed_episode(env, policy, options, repeats: int):
     """-> (info of the first run, latency, policy seconds, setup seconds): the episode is run `repeats`
     times and its latency (env latency + the policy's per-step time) is the fastest run's; quality
     metrics come from the first run (the same schedule for deterministic policies, the same K for all)."""
-    first, fastest = None, None
-    for _ in range(repeats):
-        info, policy_time, setup_time = run_episode(env, policy, options)
-        latency = info["latency_s"] + policy_time
-        first = first or (info, policy_time, setup_time)
-        fastest = latency if fastest is None else min(fastest, latency)
-    return first[0], fastest, first[1], first[2]
+    runs = [run_episode(env, policy, options) for _ in range(repeats)]
+    (info, policy_time, setup_time), best = runs[0], min(r[0]["latency_s"] + r[1] for r in runs)
+    return info, best, policy_time, setup_time
 
 
 def governor_for(method_env, target: float, scheduler_cost_s: float) -> SpeedupGovernor:

@@ -52,7 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=None, help="weights directory (default: the packaged weights)")
     p.add_argument("--checkpoint-every", type=int, default=250)
     p.add_argument("--resume", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.high_noise_fraction <= 1.0:
+        p.error(f"--high-noise-fraction {args.high_noise_fraction} must be in [0, 1]")
+    if not 0.0 <= args.high_noise_min < 1.0:
+        p.error(f"--high-noise-min {args.high_noise_min} must be in [0, 1)")
+    return args
 
 
 def encode(pipe, prompts: list[str]) -> torch.Tensor:
@@ -91,11 +96,7 @@ def main(argv=None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.run_dir / "checkpoint.pt"
 
-    pipe = tiny.build_untrained(seed=args.seed)
-    if args.init is not None:
-        start_from = tiny.load_morca_tiny(directory=args.init)
-        pipe.transformer.load_state_dict(start_from.transformer.state_dict())
-        pipe.text_encoder.load_state_dict(start_from.text_encoder.state_dict())
+    pipe = tiny.load_morca_tiny(directory=args.init) if args.init else tiny.build_untrained(seed=args.seed)
     modules = torch.nn.ModuleDict({"transformer": pipe.transformer, "text_encoder": pipe.text_encoder}).train()
     ema = copy.deepcopy(modules).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)

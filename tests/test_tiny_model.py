@@ -100,3 +100,5 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     # two EMA'd steps from the packaged weights: moved, but only a little
     deltas = [(a - b).abs().max().item() for a, b in zip(tuned.transformer.parameters(), packaged.transformer.parameters())]
     assert 0 < max(deltas) < 0.05
+    with pytest.raises(SystemExit):
+        train_tiny.parse_args(["--high-noise-fraction", "1.5"])
