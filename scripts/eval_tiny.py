@@ -14,7 +14,8 @@
    between the summed true step error (cached vs fresh residual, paper Fig. 1)
    and the terminal PSNR.
 4. Which prompt words the model reads: the training loss with one attribute of the
-   prompt swapped, by noise level (`morca_env.models.tiny_probe`; `--sensitivity-only`).
+   prompt swapped, by noise level, and from which noise level each sample's direction
+   of motion stops changing (`morca_env.models.tiny_probe`; `--sensitivity-only`).
 Also times one 50-step CFG episode on one core, and writes sample GIFs.
 """
 
@@ -37,7 +38,7 @@ from morca_env.io import atomic_path
 from morca_env.metrics import to_uint8
 from morca_env.models import tiny
 from morca_env.models.tiny_data import prompt_following, tiny_prompt_suite
-from morca_env.models.tiny_probe import prompt_sensitivity
+from morca_env.models.tiny_probe import direction_commit_sigmas, prompt_sensitivity
 from morca_env.policies import RandomFeasible, seacache_exact_schedule
 from morca_env.video import write_video
 
@@ -63,6 +64,15 @@ def write_samples(den, pairs, out: Path) -> None:
     (out / "samples.txt").write_text("\n".join(f"{i + 1}. {p}" for i, (p, _) in enumerate(pairs)) + "\n")
 
 
+def prompt_following_rate(den, pairs) -> dict:
+    """Share of uncached samples whose colour / direction of motion match their prompt."""
+    hits = {"colour": [], "direction": []}
+    for prompt, seed in tqdm(pairs, desc="prompt following", unit="video"):
+        for k, v in prompt_following(den.generate(prompt=prompt, seed=seed), prompt).items():
+            hits[k].append(v)
+    return {**{k: float(np.mean(v)) for k, v in hits.items()}, "prompts": len(pairs)}
+
+
 def write_report(path: Path, report: dict) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(report, indent=2) + "\n")
@@ -78,22 +88,40 @@ def main(argv=None) -> int:
     p.add_argument("--samples-only", action="store_true", help="only write samples.gif and samples.txt")
     p.add_argument("--sensitivity-only", action="store_true",
                    help="only measure which prompt words the model reads (updates that entry of metrics.json)")
+    p.add_argument("--commit-prompts", type=int, default=24,
+                   help="eval prompts for the direction-commit probe (three episodes each)")
+    p.add_argument("--following-only", action="store_true",
+                   help="only measure prompt following over --prompts (updates that entry of metrics.json)")
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
     args = p.parse_args(argv)
+    if not 1 <= args.commit_prompts <= 200:
+        p.error(f"--commit-prompts {args.commit_prompts} must be in [1, 200] (tiny-eval has 200 prompts)")
+    if args.sensitivity_only and args.following_only:
+        p.error("--sensitivity-only and --following-only each measure one part; pass at most one")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     pipe = tiny.load_morca_tiny(directory=args.weights)
     den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
     pairs = tiny_prompt_suite("tiny-eval").pairs()
     metrics = args.out / "metrics.json"
+    if args.following_only:
+        report = json.loads(metrics.read_text()) if metrics.exists() else {}
+        report["prompt_following"] = prompt_following_rate(den, pairs[: args.prompts])
+        write_report(metrics, report)
+        print(json.dumps(report["prompt_following"], indent=2))
+        return 0
     sensitivity = {str(k): v for k, v in prompt_sensitivity(pipe).items()}
     print("prompt sensitivity (loss increase with one attribute swapped):", json.dumps(sensitivity, indent=1))
+    commits = direction_commit_sigmas(den, pairs[:: len(pairs) // args.commit_prompts][: args.commit_prompts])
+    commit = {"prompts": len(commits), "median_sigma": float(np.median(commits)),
+              "quartile_sigmas": [float(q) for q in np.percentile(commits, [25, 75])]}
+    print("direction of motion fixed from sigma (median, quartiles):", commit)
     if args.sensitivity_only:
         report = json.loads(metrics.read_text()) if metrics.exists() else {}
-        report["prompt_sensitivity"] = sensitivity
+        report.update(prompt_sensitivity=sensitivity, direction_commit=commit)
         write_report(metrics, report)
         return 0
-    report: dict = {"prompt_sensitivity": sensitivity}
+    report: dict = {"prompt_sensitivity": sensitivity, "direction_commit": commit}
 
     write_samples(den, pairs[:: len(pairs) // 12][:12], args.out)
     if args.samples_only:
@@ -109,13 +137,7 @@ def main(argv=None) -> int:
     report["episode_seconds_one_core"] = float(np.median(times))
 
     # 1. prompt following
-    hits = {"colour": [], "direction": []}
-    for prompt, seed in tqdm(pairs[: args.prompts], desc="prompt following", unit="video"):
-        video = den.generate(prompt=prompt, seed=seed)
-        for k, v in prompt_following(video, prompt).items():
-            hits[k].append(v)
-    report["prompt_following"] = {k: float(np.mean(v)) for k, v in hits.items()}
-    report["prompt_following"]["prompts"] = len(hits["colour"])
+    report["prompt_following"] = prompt_following_rate(den, pairs[: args.prompts])
 
     # 2 + 3. schedules at K = budget
     spec = BudgetSpec(den.num_steps, forced_recompute_steps(den.num_steps))

@@ -37,6 +37,18 @@ def test_pixel_check_recognises_rendered_videos():
         assert prompt_following(video, scene.prompt) == {"colour": True, "direction": True}
 
 
+def test_pixel_check_survives_pixel_noise():
+    """A sample's background is never clean: Gaussian pixel noise (std 0.1) on correct videos must not
+    change the verdict (a fixed-threshold mask with a mean colour got 59% of colours right here)."""
+    generator = torch.Generator().manual_seed(1)
+    scenes = all_scenes()[::97]
+    videos = (render(scenes, generator) + 1) / 2
+    noisy = (videos + 0.1 * torch.randn(videos.shape, generator=generator)).clamp(0, 1).permute(0, 2, 3, 4, 1)
+    verdicts = [prompt_following(video, scene.prompt) for scene, video in zip(scenes, noisy)]
+    assert np.mean([v["colour"] for v in verdicts]) >= 0.95
+    assert np.mean([v["direction"] for v in verdicts]) >= 0.95
+
+
 def test_packaged_weights_load_offline_and_follow_prompts(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pipe = tiny.load_morca_tiny()
@@ -49,9 +61,9 @@ def test_packaged_weights_load_offline_and_follow_prompts(monkeypatch):
         assert video.shape == (8, 32, 32, 3)
         hits.append(prompt_following(video, prompt))
     den.close()
-    # v0 draws the prompt's colour in 60% of the 200 eval prompts (chance: 1/8) and moves in the
-    # prompt's direction at chance level (docs/morca_tiny.md): assert it is clearly above chance only.
-    assert np.mean([h["colour"] for h in hits]) >= 0.5
+    # v0 draws the prompt's colour in 93.5% of the 200 eval prompts (chance: 1/8; 9 of these 10) and moves
+    # in the prompt's direction at chance level (docs/morca_tiny.md): colour only, with a margin.
+    assert np.mean([h["colour"] for h in hits]) >= 0.7
 
 
 def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
@@ -102,3 +114,22 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     assert 0 < max(deltas) < 0.05
     with pytest.raises(SystemExit):
         train_tiny.parse_args(["--high-noise-fraction", "1.5"])
+
+
+def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import eval_tiny
+
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"schedules": {"budget": 25}, "prompt_following": {"colour": -1.0}}))
+    assert eval_tiny.main(["--following-only", "--prompts", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads(metrics.read_text())
+    assert report["schedules"] == {"budget": 25}  # untouched
+    following = report["prompt_following"]
+    assert following["prompts"] == 2 and all(following[k] in (0.0, 0.5, 1.0) for k in ("colour", "direction"))
+    with pytest.raises(SystemExit):
+        eval_tiny.main(["--following-only", "--sensitivity-only", "--out", str(tmp_path)])

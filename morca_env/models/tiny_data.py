@@ -142,19 +142,23 @@ def render(scenes: list[Scene], generator: torch.Generator | None = None) -> tor
 
 # --------------------------------------------------------------- prompt check
 def foreground_stats(video: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per video (F, H, W, 3) in [0, 1]: mean foreground colour (3,) and per-frame centroids (F, 2).
+    """Per video (F, H, W, 3) in [0, 1]: the object's colour (3,) and per-frame centroids (F, 2).
 
-    The background is the median colour of the border pixels; foreground pixels are
-    those farther than 0.25 from it (Euclidean in RGB).
+    The background is the median colour of the border pixels. Foreground pixels are
+    those at least half as far from it (Euclidean in RGB) as the farthest 1% of the
+    video, and never closer than 0.25: a fixed threshold alone lets pixel noise in a
+    sample's background into the mask, and a mean over that mask reads the object on
+    a noisy navy background as blue. The colour is the per-channel median of the
+    foreground, which shadows and fringes do not drag.
     """
     v = video.float()
     border = torch.cat([v[:, 0], v[:, -1], v[:, :, 0], v[:, :, -1]], dim=1).reshape(-1, 3)
     background = border.median(dim=0).values
     distance = (v - background).norm(dim=-1)  # (F, H, W)
-    mask = distance > 0.25
+    mask = distance > max(0.25, 0.5 * float(torch.quantile(distance.flatten(), 0.99)))
     if mask.sum() == 0:
         return np.full(3, np.nan), np.full((v.shape[0], 2), np.nan)
-    colour = v[mask].mean(dim=0).numpy()
+    colour = v[mask].median(dim=0).values.numpy()
     ys, xs = torch.meshgrid(torch.arange(v.shape[1]).float(), torch.arange(v.shape[2]).float(), indexing="ij")
     weights = mask.float()
     total = weights.sum(dim=(1, 2)).clamp(min=1)
