@@ -134,6 +134,13 @@ class StepwiseDenoiser:
             raise RuntimeError("call start() first")
         return self._latents
 
+    @property
+    def prompt_embeddings(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(cond, uncond) embeddings of the current video (uncond is None without guidance)."""
+        if self._latents is None:
+            raise RuntimeError("call start() first")
+        return self._cond, self._uncond
+
     def sigma(self, step: int) -> float:
         return float(self.scheduler.sigmas[step])
 

@@ -133,3 +133,35 @@ def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
     assert following["prompts"] == 2 and all(following[k] in (0.0, 0.5, 1.0) for k in ("colour", "direction"))
     with pytest.raises(SystemExit):
         eval_tiny.main(["--following-only", "--sensitivity-only", "--out", str(tmp_path)])
+
+
+def test_direction_commit_probe_reports_a_sigma_per_prompt():
+    from morca_env.models.tiny_probe import direction_commit_sigmas
+
+    den = StepwiseDenoiser(tiny.load_morca_tiny(), DenoiserConfig(**{**tiny.GENERATION, "num_inference_steps": 8}))
+    pairs = tiny_prompt_suite("tiny-eval").pairs()[:2]
+    commits = direction_commit_sigmas(den, pairs)
+    sigmas = [den.sigma(i) for i in range(1, den.num_steps)]
+    assert len(commits) == 2 and all(c == 0.0 or c in sigmas for c in commits)
+
+
+def test_pilot_trains_a_variant_in_its_own_process_and_reports(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "variant"
+    run = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(out), "--world", "direction",
+                          "--hw", "16", "--patch", "2", "2", "2", "--steps", "2", "--samples", "4",
+                          "--", "--batch-size", "2", "--warmup", "1"], capture_output=True, text=True, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((tmp_path / "variant_run" / "pilot.json").read_text())
+    assert report["samples"]["count"] == 4 and sum(report["samples"]["direction_confusion"].values()) == 4
+    assert {k.split("->")[0] for k in report["samples"]["direction_confusion"]} == {"left", "right", "up", "down"}
+    variant = tiny.load_morca_tiny(directory=out)
+    assert tuple(variant.transformer.config.patch_size) == (2, 2, 2)
+    bad = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(tiny.weights_dir())],
+                         capture_output=True, text=True, cwd=root)
+    assert bad.returncode != 0 and "packaged weights directory" in bad.stderr
