@@ -94,6 +94,8 @@ def main(argv=None) -> int:
                    help="only measure prompt following over --prompts (updates that entry of metrics.json)")
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
     args = p.parse_args(argv)
+    if not 1 <= args.prompts <= 200:
+        p.error(f"--prompts {args.prompts} must be in [1, 200] (tiny-eval has 200 prompts)")
     if not 1 <= args.commit_prompts <= 200:
         p.error(f"--commit-prompts {args.commit_prompts} must be in [1, 200] (tiny-eval has 200 prompts)")
     if args.sensitivity_only and args.following_only:

@@ -133,6 +133,9 @@ def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
     assert following["prompts"] == 2 and all(following[k] in (0.0, 0.5, 1.0) for k in ("colour", "direction"))
     with pytest.raises(SystemExit):
         eval_tiny.main(["--following-only", "--sensitivity-only", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        eval_tiny.main(["--following-only", "--prompts", "0", "--out", str(tmp_path)])
+    assert json.loads(metrics.read_text()) == report  # a bad call leaves the report alone
 
 
 def test_direction_commit_probe_reports_a_sigma_per_prompt():
