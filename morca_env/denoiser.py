@@ -82,6 +82,7 @@ class StepwiseDenoiser:
         self.timesteps = self.scheduler.timesteps
         self.expert_of_step = self._assign_experts()
         self._latents: torch.Tensor | None = None
+        self.last_velocity: torch.Tensor | None = None  # guided model output of the latest step
         self._index = self.num_steps
         self.elapsed_s = 0.0
 
@@ -133,13 +134,6 @@ class StepwiseDenoiser:
         if self._latents is None:
             raise RuntimeError("call start() first")
         return self._latents
-
-    @property
-    def prompt_embeddings(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(cond, uncond) embeddings of the current video (uncond is None without guidance)."""
-        if self._latents is None:
-            raise RuntimeError("call start() first")
-        return self._cond, self._uncond
 
     def sigma(self, step: int) -> float:
         return float(self.scheduler.sigmas[step])
@@ -239,6 +233,7 @@ class StepwiseDenoiser:
                                      encoder_hidden_states=self._uncond, return_dict=False)[0]
             noise_pred = noise_uncond + guidance * (noise_pred - noise_uncond)
         cache.reuse = False
+        self.last_velocity = noise_pred
         self._latents = self.scheduler.step(noise_pred, t, self._latents, return_dict=False)[0]
         self._index += 1
         _sync(self.device)

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--sensitivity-only", action="store_true",
                    help="only measure which prompt words the model reads (updates that entry of metrics.json)")
     p.add_argument("--commit-prompts", type=int, default=24,
-                   help="eval prompts for the direction-commit probe (three episodes each)")
+                   help="eval prompts for the direction-commit probe (one episode each)")
     p.add_argument("--following-only", action="store_true",
                    help="only measure prompt following over --prompts (updates that entry of metrics.json)")
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
@@ -112,6 +112,9 @@ def main(argv=None) -> int:
         write_report(metrics, report)
         print(json.dumps(report["prompt_following"], indent=2))
         return 0
+    if args.samples_only:
+        write_samples(den, pairs[:: len(pairs) // 12][:12], args.out)
+        return 0
     sensitivity = {str(k): v for k, v in prompt_sensitivity(pipe).items()}
     print("prompt sensitivity (loss increase with one attribute swapped):", json.dumps(sensitivity, indent=1))
     commits = direction_commit_sigmas(den, pairs[:: len(pairs) // args.commit_prompts][: args.commit_prompts])
@@ -126,8 +129,6 @@ def main(argv=None) -> int:
     report: dict = {"prompt_sensitivity": sensitivity, "direction_commit": commit}
 
     write_samples(den, pairs[:: len(pairs) // 12][:12], args.out)
-    if args.samples_only:
-        return 0
 
     # cost of one episode on one core
     den.generate(prompt=pairs[0][0], seed=pairs[0][1])

@@ -1,6 +1,6 @@
 """Short MorcaTiny variants for research on prompt following (the model card's direction table).
 
-    python scripts/pilot_tiny.py --world direction --hw 16 --patch 2 2 2 --steps 1000   # ~12 min, one core
+    python scripts/pilot_tiny.py --out /tmp/d16 --world direction --hw 16 --patch 2 2 2   # ~12 min, one core
     python scripts/pilot_tiny.py --world full --heads 4 --head-dim 24 --out /tmp/pilot-h4
 
 Trains a variant with `train_tiny.main` (same objective, optimiser and EMA), then

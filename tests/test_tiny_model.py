@@ -144,7 +144,7 @@ def test_direction_commit_probe_reports_a_sigma_per_prompt():
     den = StepwiseDenoiser(tiny.load_morca_tiny(), DenoiserConfig(**{**tiny.GENERATION, "num_inference_steps": 8}))
     pairs = tiny_prompt_suite("tiny-eval").pairs()[:2]
     commits = direction_commit_sigmas(den, pairs)
-    sigmas = [den.sigma(i) for i in range(1, den.num_steps)]
+    sigmas = [den.sigma(i) for i in range(den.num_steps)]
     assert len(commits) == 2 and all(c == 0.0 or c in sigmas for c in commits)
 
 

@@ -65,32 +65,25 @@ def prompt_sensitivity(pipe, sigmas=(0.98, 0.9, 0.6, 0.3), videos: int = 64, see
 def direction_commit_sigmas(den, pairs) -> list[float]:
     """For each (prompt, seed): the noise level from which the sample's direction of motion stops changing.
 
-    After every denoising step the guided x0 prediction x_t - sigma * v is classified like a finished
-    video (`tiny_data.prompt_following`'s centroid check); the commit sigma is that of the first step
-    from which every prediction moves the way the final video does. If it lies above the sigmas at
-    which `prompt_sensitivity` shows the direction word being read, the sampler fixes the direction
-    from the noise before the prompt can steer it. Costs about three episodes per prompt.
+    At every denoising step the x0 prediction x_t - sigma * v (v: the guided velocity that step
+    used) is classified like a finished video (`tiny_data.prompt_following`'s centroid check); the
+    commit sigma is that of the first step from which every prediction moves the way the final video
+    does. If it lies above the sigmas at which `prompt_sensitivity` shows the direction word being
+    read, the sampler fixes the direction from the noise before the prompt can steer it. Costs one
+    uncached episode per prompt.
     """
     from .tiny_data import classify_direction, foreground_stats
 
-    model, guidance = den.pipe.transformer, den.config.guidance_scale
     commits = []
     for prompt, seed in pairs:
         den.start(prompt=prompt, seed=seed)
         directions, sigmas = [], []
-        for _ in range(den.num_steps - 1):
+        while not den.done:
+            x_t, sigma = den.latents, den.sigma(den.step_index)
             den.step(False)
-            i, x = den.step_index, den.latents
-            t = den.timesteps[i].expand(x.shape[0])
-            cond_embeds, uncond_embeds = den.prompt_embeddings
-            velocity = model(hidden_states=x, timestep=t, encoder_hidden_states=cond_embeds, return_dict=False)[0]
-            if uncond_embeds is not None:
-                uncond = model(hidden_states=x, timestep=t, encoder_hidden_states=uncond_embeds, return_dict=False)[0]
-                velocity = uncond + guidance * (velocity - uncond)
-            x0 = x - den.sigma(i) * velocity
+            x0 = x_t - sigma * den.last_velocity
             directions.append(classify_direction(foreground_stats((x0[0] / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0))[1]))
-            sigmas.append(den.sigma(i))
-        den.step(False)
+            sigmas.append(sigma)
         final = classify_direction(foreground_stats(den.decode())[1])
         first = len(directions)
         while first > 0 and directions[first - 1] == final:
