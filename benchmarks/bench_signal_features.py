@@ -44,10 +44,11 @@ def main() -> None:
     features = per_call(lambda: latent_features(latent), args.repeats)
 
     from morca_env.models.tiny import TRANSFORMER_CONFIG
+    from morca_env.models.tiny_data import FRAMES, HEIGHT, WIDTH
     from diffusers import WanTransformer3DModel
 
     tiny = WanTransformer3DModel(**TRANSFORMER_CONFIG).eval()
-    x, t, e = torch.randn(1, 3, 8, 32, 32), torch.tensor([500.0]), torch.randn(1, 16, TRANSFORMER_CONFIG["text_dim"])
+    x, t, e = torch.randn(1, 3, FRAMES, HEIGHT, WIDTH), torch.tensor([500.0]), torch.randn(1, 16, TRANSFORMER_CONFIG["text_dim"])
     with torch.no_grad():
         forward = per_call(lambda: tiny(x, t, e, return_dict=False), args.repeats)
 

@@ -64,7 +64,7 @@ class Lpips:
     """LPIPS (AlexNet) that never downloads: it needs a pre-seeded ``$TORCH_HOME``.
 
     Raises `LpipsUnavailable` with instructions when the weights are missing.
-    Frames smaller than 64 px (MorcaTiny's 32 px) are bilinearly upsampled to 64 px first.
+    Frames smaller than 64 px (MorcaTiny's 16 px) are bilinearly upsampled to 64 px first.
     """
 
     MIN_SIDE = 64

@@ -1,7 +1,7 @@
 """Short MorcaTiny variants for research on prompt following (the model card's direction table).
 
-    python scripts/pilot_tiny.py --out /tmp/d16 --world direction --hw 16 --patch 2 2 2   # ~12 min, one core
-    python scripts/pilot_tiny.py --world full --heads 4 --head-dim 24 --out /tmp/pilot-h4
+    python scripts/pilot_tiny.py --out /tmp/d16 --world direction      # MorcaTiny's own shape, ~12 min, one core
+    python scripts/pilot_tiny.py --world full --hw 32 --patch 8 2 2 --out /tmp/p32   # the first v0's shape
 
 Trains a variant with `train_tiny.main` (same objective, optimiser and EMA), then
 reports which prompt words it reads (`tiny_probe.prompt_sensitivity`) and how
@@ -36,7 +36,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="weights directory of the variant (and <out>_run for logs)")
     p.add_argument("--world", choices=("full", "direction"), default="full")
-    p.add_argument("--hw", type=int, default=32, help="frame height = width in pixels")
+    p.add_argument("--hw", type=int, default=tiny_data.WIDTH, help="frame height = width in pixels")
     p.add_argument("--patch", type=int, nargs=3, default=list(tiny.TRANSFORMER_CONFIG["patch_size"]),
                    metavar=("T", "H", "W"))
     p.add_argument("--heads", type=int, default=tiny.TRANSFORMER_CONFIG["num_attention_heads"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-from morca_env.models import tiny
+from morca_env.models import tiny, tiny_data
 from morca_env.models.tiny_data import (all_scenes, parse_prompt, prompt_following, render, tiny_prompt_suite,
                                         vocabulary)
 
@@ -58,12 +58,13 @@ def test_packaged_weights_load_offline_and_follow_prompts(monkeypatch):
     hits = []
     for prompt, seed in tiny_prompt_suite("tiny-eval").pairs()[::20]:  # 10 held-out prompts
         video = den.generate(prompt=prompt, seed=seed)
-        assert video.shape == (8, 32, 32, 3)
+        assert video.shape == (tiny_data.FRAMES, tiny_data.HEIGHT, tiny_data.WIDTH, 3) == (8, 16, 16, 3)
         hits.append(prompt_following(video, prompt))
     den.close()
-    # v0 draws the prompt's colour in 93.5% of the 200 eval prompts (chance: 1/8; 9 of these 10) and moves
-    # in the prompt's direction at chance level (docs/morca_tiny.md): colour only, with a margin.
-    assert np.mean([h["colour"] for h in hits]) >= 0.7
+    # over all 200 eval prompts the packaged model gets colour and direction right far above chance
+    # (1/8 and 1/4; docs/morca_tiny.md); on these 10, with a margin
+    assert np.mean([h["colour"] for h in hits]) >= 0.8
+    assert np.mean([h["direction"] for h in hits]) >= 0.7
 
 
 def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
@@ -157,14 +158,14 @@ def test_pilot_trains_a_variant_in_its_own_process_and_reports(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "variant"
     run = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(out), "--world", "direction",
-                          "--hw", "16", "--patch", "2", "2", "2", "--steps", "2", "--samples", "4",
+                          "--hw", "8", "--patch", "1", "2", "2", "--steps", "2", "--samples", "4",
                           "--", "--batch-size", "2", "--warmup", "1"], capture_output=True, text=True, cwd=root)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads((tmp_path / "variant_run" / "pilot.json").read_text())
     assert report["samples"]["count"] == 4 and sum(report["samples"]["direction_confusion"].values()) == 4
     assert {k.split("->")[0] for k in report["samples"]["direction_confusion"]} == {"left", "right", "up", "down"}
     variant = tiny.load_morca_tiny(directory=out)
-    assert tuple(variant.transformer.config.patch_size) == (2, 2, 2)
+    assert tuple(variant.transformer.config.patch_size) == (1, 2, 2) != tuple(tiny.TRANSFORMER_CONFIG["patch_size"])
     bad = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(tiny.weights_dir())],
                          capture_output=True, text=True, cwd=root)
     assert bad.returncode != 0 and "packaged weights directory" in bad.stderr

@@ -13,6 +13,7 @@ import torch
 
 from ..budget import SpeedupCalibration
 from ..denoiser import DenoiserConfig
+from . import tiny_data
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,11 @@ PRESETS: dict[str, ModelPreset] = {
         model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
     ),
     "tiny": ModelPreset(
-        name="tiny", env_id="MorcaTiny-v0", description="MorcaTiny: the packaged 8x32x32 pixel-space Wan-architecture model",
-        config=DenoiserConfig(num_inference_steps=50, height=32, width=32, num_frames=8, guidance_scale=5.0,
+        name="tiny", env_id="MorcaTiny-v0",
+        description=f"MorcaTiny: the packaged {tiny_data.FRAMES}x{tiny_data.HEIGHT}x{tiny_data.WIDTH} pixel-space "
+                    "Wan-architecture model",
+        config=DenoiserConfig(num_inference_steps=50, height=tiny_data.HEIGHT, width=tiny_data.WIDTH,
+                              num_frames=tiny_data.FRAMES, guidance_scale=5.0,
                               max_sequence_length=16),
         load=_load_tiny, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.5), r_max=50.0,
         # Per-step work outside the blocks (signal, features, solver) is ~20% of a full step on

@@ -1,10 +1,10 @@
 """MorcaTiny: a small pixel-space text-to-video model of Wan's architecture, trained by this project.
 
 A stock diffusers ``WanPipeline``: ``WanTransformer3DModel`` (4 blocks, width 96,
-patch (8, 2, 2): one token is a 2x2-pixel tube through all 8 frames), a
+patch (2, 2, 2): one token is 2 frames of a 2x2-pixel square, so time is 4 tokens), a
 word-level tokenizer with a 2-layer ``UMT5EncoderModel``,
 Wan2.1's sampler (UniPC, flow prediction, shift 3) and no VAE: the "latent" is
-the RGB video itself (3 x 8 x 32 x 32, values in [-1, 1]). The weights ship
+the RGB video itself (3 x 8 x 16 x 16, values in [-1, 1]). The weights ship
 inside the package and load offline with ``WanPipeline.from_pretrained``.
 See ``docs/morca_tiny.md`` (the model card) and ``scripts/train_tiny.py``.
 """
@@ -28,7 +28,7 @@ MODEL_NAME = "morca-tiny-v0"
 MAX_SEQUENCE_LENGTH = 16
 TEXT_DIM = 32
 TRANSFORMER_CONFIG = dict(
-    patch_size=(8, 2, 2), num_attention_heads=2, attention_head_dim=48, in_channels=3, out_channels=3,
+    patch_size=(2, 2, 2), num_attention_heads=2, attention_head_dim=48, in_channels=3, out_channels=3,
     text_dim=TEXT_DIM, freq_dim=64, ffn_dim=384, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
 )

@@ -2,7 +2,7 @@
 
 A prompt names one object (size, colour, shape), its motion (direction, speed)
 and the background, e.g. "a large red circle moving left quickly on a navy
-background". Videos are 8 frames of 32x32 RGB in [-1, 1], rendered with
+background". Videos are 8 frames of 16x16 RGB in [-1, 1], rendered with
 anti-aliased signed-distance shapes, vectorised over a batch in torch.
 
 The same module provides the pixel-statistics check of prompt following used to
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-FRAMES, HEIGHT, WIDTH = 8, 32, 32
+FRAMES, HEIGHT, WIDTH = 8, 16, 16
 
 COLOURS = {
     "red": (0.95, 0.10, 0.10),
@@ -38,8 +38,8 @@ BACKGROUNDS = {
 }
 SHAPES = ("circle", "square", "triangle", "diamond")
 DIRECTIONS = {"left": (-1.0, 0.0), "right": (1.0, 0.0), "up": (0.0, -1.0), "down": (0.0, 1.0)}
-SIZES = {"small": 3.5, "": 5.0, "large": 7.0}  # radius in pixels; "" = unnamed medium
-SPEEDS = {"slowly": 1.0, "": 2.0, "quickly": 3.0}  # pixels per frame
+SIZES = {"small": 1.75, "": 2.5, "large": 3.5}  # radius in pixels; "" = unnamed medium
+SPEEDS = {"slowly": 0.5, "": 1.0, "quickly": 1.5}  # pixels per frame
 
 TINY_EVAL_SIZE = 200
 _SPLIT_SEED = 4_2024
