@@ -103,12 +103,12 @@ def main(argv=None) -> int:
     colour, direction, moves, confusion = [], [], [], collections.Counter()
     for prompt, seed in sample_pairs(args):
         scene, video = tiny_data.parse_prompt(prompt), den.generate(prompt=prompt, seed=seed)
-        rgb, centroids = tiny_data.foreground_stats(video)
-        seen = tiny_data.classify_direction(centroids)
-        colour.append(tiny_data.classify_colour(rgb) == scene.colour)
+        fg = tiny_data.foreground_stats(video)
+        seen = tiny_data.classify_direction(fg.centroids)
+        colour.append(tiny_data.classify_colour(fg.colour, fg.background) == scene.colour)
         direction.append(seen == scene.direction)
         confusion[f"{scene.direction}->{seen}"] += 1
-        moves.append(np.nan_to_num(np.abs(centroids[-1] - centroids[0])).sum())
+        moves.append(np.nan_to_num(np.abs(fg.centroids[-1] - fg.centroids[0])).sum())
     den.close()
     report["samples"] = {"count": len(colour), "colour": float(np.mean(colour)), "direction": float(np.mean(direction)),
                          "mean_centroid_travel_px": float(np.mean(moves)), "direction_confusion": dict(sorted(confusion.items()))}

@@ -31,10 +31,21 @@ def test_suites_are_fixed_and_disjoint():
 
 
 def test_pixel_check_recognises_rendered_videos():
-    scenes = all_scenes()[::113]
+    scenes = all_scenes()[::29]
     videos = (render(scenes, torch.Generator().manual_seed(0)) + 1) / 2
     for scene, video in zip(scenes, videos.permute(0, 2, 3, 4, 1)):
-        assert prompt_following(video, scene.prompt) == {"colour": True, "direction": True}
+        assert prompt_following(video, scene.prompt) == {"colour": True, "direction": True}, scene.prompt
+
+
+def test_colour_check_unmixes_partly_covered_pixels():
+    """A small cyan object on navy has no fully covered pixel at 16 px: its median foreground colour
+    is a cyan-navy blend, nearer to plain blue, and only matching against the background reads it right."""
+    scene = parse_prompt("a small cyan triangle moving up slowly on a navy background")
+    video = ((render([scene], torch.Generator().manual_seed(0))[0] + 1) / 2).permute(1, 2, 3, 0)
+    seen = tiny_data.foreground_stats(video)
+    assert tiny_data.classify_colour(seen.colour) == "blue"
+    assert tiny_data.classify_colour(seen.colour, seen.background) == "cyan"
+    assert tiny_data.classify_colour(np.full(3, np.nan), seen.background) is None
 
 
 def test_pixel_check_survives_pixel_noise():
@@ -89,8 +100,10 @@ def test_prompt_probe_sees_that_the_model_reads_the_colour_word():
     report = prompt_sensitivity(tiny.load_morca_tiny(), sigmas=(0.9,), videos=16)
     entry = report[0.9]
     assert set(entry) == {"loss", "colour", "shape", "direction", "background"}
-    # the wrong colour word costs the denoiser clearly (v0, 64 videos: +0.043 on a loss of 0.092)
+    # the wrong colour or direction word costs the denoiser clearly (64 videos: +0.047 and +0.035 on a
+    # loss of 0.063; the first, 32x32 v0 ignored the direction word: +0.0001 on 0.092)
     assert entry["colour"] > 0.3 * entry["loss"] > 0
+    assert entry["direction"] > 0.2 * entry["loss"]
     with pytest.raises(ValueError, match=r"sigmas \(0.0,\) must lie in \(0, 1\]"):
         prompt_sensitivity(None, sigmas=(0.0,))
 

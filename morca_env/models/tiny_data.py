@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -141,8 +142,14 @@ def render(scenes: list[Scene], generator: torch.Generator | None = None) -> tor
 
 
 # --------------------------------------------------------------- prompt check
-def foreground_stats(video: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per video (F, H, W, 3) in [0, 1]: the object's colour (3,) and per-frame centroids (F, 2).
+class Foreground(NamedTuple):
+    colour: np.ndarray  # (3,) the object's median colour, NaN if nothing stands out
+    centroids: np.ndarray  # (F, 2) x, y per frame, NaN where a frame has no foreground
+    background: np.ndarray  # (3,) median colour of the border
+
+
+def foreground_stats(video: torch.Tensor) -> Foreground:
+    """Per video (F, H, W, 3) in [0, 1]: the object's colour, per-frame centroids and the background.
 
     The background is the median colour of the border pixels. Foreground pixels are
     those at least half as far from it (Euclidean in RGB) as the farthest 1% of the
@@ -157,22 +164,33 @@ def foreground_stats(video: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     distance = (v - background).norm(dim=-1)  # (F, H, W)
     mask = distance > max(0.25, 0.5 * float(torch.quantile(distance.flatten(), 0.99)))
     if mask.sum() == 0:
-        return np.full(3, np.nan), np.full((v.shape[0], 2), np.nan)
+        return Foreground(np.full(3, np.nan), np.full((v.shape[0], 2), np.nan), background.numpy())
     colour = v[mask].median(dim=0).values.numpy()
     ys, xs = torch.meshgrid(torch.arange(v.shape[1]).float(), torch.arange(v.shape[2]).float(), indexing="ij")
     weights = mask.float()
     total = weights.sum(dim=(1, 2)).clamp(min=1)
     centroids = torch.stack([(weights * xs).sum(dim=(1, 2)) / total, (weights * ys).sum(dim=(1, 2)) / total], dim=-1)
     centroids[weights.sum(dim=(1, 2)) == 0] = float("nan")
-    return colour, centroids.numpy()
+    return Foreground(colour, centroids.numpy(), background.numpy())
 
 
-def classify_colour(rgb: np.ndarray) -> str | None:
+def classify_colour(rgb: np.ndarray, background: np.ndarray | None = None, min_coverage: float = 0.5) -> str | None:
+    """The named colour nearest to `rgb`; with `background`, nearest as a partly covered pixel.
+
+    A 16-pixel frame has objects of radius 1.75 px with few fully covered pixels, so the
+    foreground's colour is often a blend, bg + a (colour - bg): a small cyan triangle on navy
+    is nearer to plain blue than to cyan. Given the background, each named colour is matched
+    at its best coverage a in [`min_coverage`, 1].
+    """
     if np.isnan(rgb).any():
         return None
     names = list(COLOURS)
     palette = np.array([COLOURS[n] for n in names])
-    return names[int(np.argmin(((palette - rgb) ** 2).sum(axis=1)))]
+    if background is None:
+        return names[int(np.argmin(((palette - rgb) ** 2).sum(axis=1)))]
+    towards = palette - background
+    coverage = np.clip(towards @ (rgb - background) / np.maximum((towards**2).sum(axis=1), 1e-12), min_coverage, 1.0)
+    return names[int(np.argmin(((background + coverage[:, None] * towards - rgb) ** 2).sum(axis=1)))]
 
 
 def classify_direction(centroids: np.ndarray) -> str | None:
@@ -188,6 +206,6 @@ def classify_direction(centroids: np.ndarray) -> str | None:
 def prompt_following(video: torch.Tensor, prompt: str) -> dict[str, bool]:
     """Does a (F, H, W, 3) video in [0, 1] show the prompt's colour and motion direction?"""
     scene = parse_prompt(prompt)
-    colour, centroids = foreground_stats(video)
-    return {"colour": classify_colour(colour) == scene.colour,
-            "direction": classify_direction(centroids) == scene.direction}
+    seen = foreground_stats(video)
+    return {"colour": classify_colour(seen.colour, seen.background) == scene.colour,
+            "direction": classify_direction(seen.centroids) == scene.direction}

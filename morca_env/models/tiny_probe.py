@@ -82,9 +82,9 @@ def direction_commit_sigmas(den, pairs) -> list[float]:
             x_t, sigma = den.latents, den.sigma(den.step_index)
             den.step(False)
             x0 = x_t - sigma * den.last_velocity
-            directions.append(classify_direction(foreground_stats((x0[0] / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0))[1]))
+            directions.append(classify_direction(foreground_stats((x0[0] / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)).centroids))
             sigmas.append(sigma)
-        final = classify_direction(foreground_stats(den.decode())[1])
+        final = classify_direction(foreground_stats(den.decode()).centroids)
         first = len(directions)
         while first > 0 and directions[first - 1] == final:
             first -= 1
