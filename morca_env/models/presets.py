@@ -84,8 +84,8 @@ PRESETS: dict[str, ModelPreset] = {
                               num_frames=tiny_data.FRAMES, guidance_scale=5.0,
                               max_sequence_length=16),
         load=_load_tiny, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.5), r_max=50.0,
-        # Per-step work outside the blocks (signal, features, solver) is ~20% of a full step on
-        # this small model, so the ceiling is ~4.4x on a CPU and 4x leaves a single free recompute.
+        # Per-step work outside the blocks (signal, features, solver) is ~22% of a full step on
+        # this small model, so the ceiling is ~4.1x on a CPU (packaged calibration, 2026-12-01).
         eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
     ),
     "tiny-random": ModelPreset(
