@@ -94,7 +94,7 @@ def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
         tiny.load_morca_tiny(directory=tmp_path / "nowhere")
 
 
-def test_prompt_probe_sees_that_the_model_reads_the_colour_word():
+def test_prompt_probe_sees_that_the_model_reads_colour_and_direction():
     from morca_env.models.tiny_probe import prompt_sensitivity
 
     report = prompt_sensitivity(tiny.load_morca_tiny(), sigmas=(0.9,), videos=16)
@@ -128,6 +128,30 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     assert 0 < max(deltas) < 0.05
     with pytest.raises(SystemExit):
         train_tiny.parse_args(["--high-noise-fraction", "1.5"])
+
+
+def test_train_tiny_from_scratch_is_reproducible_and_matches_the_shipped_architecture(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import train_tiny
+
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        assert train_tiny.main(["--steps", "2", "--batch-size", "2", "--warmup", "1", "--threads", "1",
+                                "--run-dir", str(tmp_path / f"run_{name}"), "--out", str(out)]) == 0
+        runs.append(load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors")))
+    assert runs[0].keys() == runs[1].keys()
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])  # same seed, same weights
+    shipped = load_file(str(tiny.weights_dir() / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert {k: v.shape for k, v in runs[0].items()} == {k: v.shape for k, v in shipped.items()}
+    config = json.loads((tmp_path / "a" / "transformer" / "config.json").read_text())
+    assert tuple(config["patch_size"]) == tuple(tiny.TRANSFORMER_CONFIG["patch_size"]) == (2, 2, 2)
 
 
 def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
