@@ -1,4 +1,4 @@
-"""MORCA gym quickstart: the paper's whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~5 min, plus ~2 min of setup).
+"""MORCA gym quickstart: the paper's whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~9 min, plus ~2 min of setup).
 
     python scripts/quickstart.py                      # quick sizes (the README's main command)
     python scripts/quickstart.py --scale paper        # the paper's sizes (hours on a CPU)
@@ -29,7 +29,8 @@ from _runner import ROOT, resume_flag, run
 SCALES = {
     # quick: scalar state features and Monte-Carlo returns, the variant that learns at CPU scale
     # (docs/results/ablation_tiny.md); paper: the paper's network (latent features) and one-step TD
-    "quick": dict(episodes=96, workers=2, offline_epochs=60, max_steps_per_epoch=40, rounds=2, trajectories=16,
+    # (96 episodes x 2400 updates collapsed to "reuse until the budget runs out"; 400 x 4800 does not)
+    "quick": dict(episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80, rounds=2, trajectories=16,
                   warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8, calibration_rounds=6,
                   timing_repeats=2, features="", n_step=50),
     "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
