@@ -33,9 +33,9 @@ from d3rlpy.algos.qlearning.torch.utility import DiscreteQFunctionMixin
 from d3rlpy.torch_utility import Modules, TorchMiniBatch, hard_sync, soft_sync
 from torch import nn
 
-from .networks import MorcaEncoderFactory, masked_logits
+from morca_env.observation import MASK_INDEX
 
-MASK_INDEX = 3
+from .networks import MorcaEncoderFactory, masked_logits
 
 
 def _optimizer_field(**kwargs):

@@ -27,8 +27,9 @@ import torch
 from d3rlpy.models.encoders import EncoderFactory, register_encoder_factory
 from torch import nn
 
+from morca_env.observation import NUM_SCALARS
+
 ALL_FEATURES = ("p3", "mean", "var")
-NUM_SCALARS = 7
 TRUNK_SIZE = 256
 MASKED_LOGIT = -1e9
 

@@ -21,11 +21,12 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from morca_env.io import atomic_path, atomic_write_text
+from morca_env.rollout import rollout as play
 
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
-from .training import (CheckpointDir, episode_from_rollout, make_buffer, observation_shapes, run_updates,
+from .training import (CheckpointDir, episode_from_trajectory, make_buffer, observation_shapes, run_updates,
                        steps_per_epoch)
 
 
@@ -61,16 +62,8 @@ class OnlineConfig:
 
 def rollout(env, policy, options: dict | None = None, seed: int | None = None):
     """One episode; returns (d3rlpy Episode, final info)."""
-    obs, info = env.reset(seed=seed, options=options)
-    policy.reset(obs, info)
-    observations, actions, rewards = [obs], [], []
-    done = False
-    while not done:
-        obs, reward, done, _, info = env.step(policy(obs))
-        observations.append(obs)
-        actions.append(info["action"])
-        rewards.append(reward)
-    return episode_from_rollout(observations, actions, rewards), info
+    trajectory = play(env, policy, options=options, seed=seed, record=True)
+    return episode_from_trajectory(trajectory), trajectory.info
 
 
 class OnlineTrainer:

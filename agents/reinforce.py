@@ -22,7 +22,8 @@ from tqdm import tqdm
 from morca_env.io import atomic_path, atomic_write_text
 
 from .networks import MorcaNetwork, masked_logits
-from .policy import OBS_KEYS
+from morca_env.observation import OBS_KEYS, as_tuple
+from morca_env.rollout import rollout
 
 
 @dataclass
@@ -38,6 +39,8 @@ class ReinforceConfig:
 
 class ReinforcePolicy:
     """The REINFORCE policy network as a plain policy (`reset`, `__call__`); masked, never infeasible."""
+
+    learned = True
 
     def __init__(self, network: MorcaNetwork, deterministic: bool = True, seed: int | None = None):
         self.network = network
@@ -112,15 +115,10 @@ class Reinforce:
         prompt, seed = self.env.suite.sample(self.rng)
         lo, hi = self.config.speedup_range
         speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
-        obs, info = self.env.reset(options={"prompt": prompt, "seed": seed, "speedup": speedup})
-        observations, actions = [], []
-        done = False
-        while not done:
-            action = policy(obs)
-            observations.append(obs)
-            obs, reward, done, _, info = self.env.step(action)
-            actions.append(info["action"])
-        return observations, actions, float(reward), info
+        trajectory = rollout(self.env, policy, {"prompt": prompt, "seed": seed, "speedup": speedup}, record=True)
+        n = len(trajectory.actions)
+        observations = {k: v[:n] for k, v in trajectory.observations.items()}
+        return observations, trajectory.schedule, trajectory.reward, trajectory.info
 
     def loss(self, episodes) -> torch.Tensor:
         """Policy-gradient loss of a batch of (observations, actions, return) over non-forced steps."""
@@ -128,7 +126,7 @@ class Reinforce:
         baseline = self.baseline if self.baseline is not None else float(returns.mean())
         terms, count = [], 0
         for observations, actions, ret in episodes:
-            x = [torch.as_tensor(np.stack([np.asarray(o[k], dtype=np.float32) for o in observations])) for k in OBS_KEYS]
+            x = [torch.as_tensor(a) for a in as_tuple(observations)]
             free = x[3].sum(dim=1) > 1.5
             log_probs = F.log_softmax(masked_logits(self.network(*x[:3]), x[3]), dim=1)
             chosen = log_probs.gather(1, torch.as_tensor(actions).reshape(-1, 1)).reshape(-1)

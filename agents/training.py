@@ -13,15 +13,16 @@ from tqdm import tqdm
 from morca_env.data import transition_picker
 from morca_env.io import atomic_path, atomic_write_text
 
-from .policy import OBS_KEYS
+from morca_env.observation import OBS_KEYS, as_tuple
 
 
-def episode_from_rollout(observations: list[dict], actions: list[int], rewards: list[float]) -> Episode:
-    """A terminated d3rlpy episode from env observations o_0..o_{N-1} (the terminal o_N is not needed)."""
-    n = len(actions)
-    obs = [np.stack([np.asarray(o[k], dtype=np.float32) for o in observations[:n]]) for k in OBS_KEYS]
-    return Episode(observations=obs, actions=np.asarray(actions, dtype=np.int64).reshape(n, 1),
-                   rewards=np.asarray(rewards, dtype=np.float32).reshape(n, 1), terminated=True)
+def episode_from_trajectory(trajectory) -> Episode:
+    """A terminated d3rlpy episode from a recorded `morca_env.rollout.Trajectory` (o_0..o_{N-1};
+    the terminal o_N is not needed)."""
+    n = len(trajectory.actions)
+    obs = as_tuple({k: trajectory.observations[k][:n] for k in OBS_KEYS})
+    return Episode(observations=obs, actions=trajectory.actions.astype(np.int64).reshape(n, 1),
+                   rewards=trajectory.rewards.astype(np.float32).reshape(n, 1), terminated=True)
 
 
 def make_buffer(episodes: list[Episode], n_step: int = 1) -> ReplayBuffer:

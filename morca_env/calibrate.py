@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from .budget import SpeedupCalibration
 from .policies import UniformInterval
+from .rollout import rollout
 
 
 @dataclass
@@ -76,13 +77,7 @@ def stock_seconds(env, prompt: str, seed: int) -> float:
 
 
 def run_uniform_episode(env, options: dict) -> dict:
-    policy = UniformInterval()
-    obs, info = env.reset(options=options)
-    policy.reset(obs, info)
-    done = False
-    while not done:
-        obs, _, done, _, info = env.step(policy(obs))
-    return info
+    return rollout(env, UniformInterval(), options).info
 
 
 def measure_calibration(env, budgets: list[int] | None = None, repeats: int = 3, threads: int | None = None,

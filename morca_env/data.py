@@ -31,10 +31,9 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text
+from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 
-FEATURE_KEYS = ("pooled", "temporal")
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
-U_INDEX, K_INDEX, VALID_INDEX = 4, 5, 6
 
 
 # ------------------------------------------------------------------ recipes
@@ -83,24 +82,13 @@ def minari_root() -> Path:
 
 # ------------------------------------------------------------------ behaviour
 def make_behavior(spec: dict, env, seed: int):
-    """Build a behaviour policy from its recipe entry: threshold-curve, random, uniform or seacache."""
+    """The behaviour policy of a recipe entry {"name": <scheduler name>, **options} (`morca_env.policies.make`)."""
     from . import policies
-    from .models.presets import load_threshold_map
 
-    name = spec.get("name")
     options = {k: v for k, v in spec.items() if k != "name"}
-    if name == "threshold-curve":
-        threshold_map = load_threshold_map(env.unwrapped.preset.name)
-        if "speedup_range" in options:
-            options["speedup_range"] = tuple(options["speedup_range"])
-        return policies.ThresholdCurve(threshold_map, seed=seed, **options)
-    if name == "random":
-        return policies.RandomFeasible(seed=seed)
-    if name == "uniform":
-        return policies.UniformInterval()
-    if name == "seacache":
-        return policies.SeaCacheThreshold(**options)
-    raise ValueError(f"unknown behaviour {name!r}; valid: threshold-curve, random, uniform, seacache")
+    if spec.get("name") in ("random", "threshold-curve", "behaviour", "behavior"):
+        options["seed"] = seed
+    return policies.make(spec.get("name"), env, **options)
 
 
 # ------------------------------------------------------------------ one episode
@@ -110,41 +98,30 @@ def relabel(observations: dict[str, np.ndarray], actions: np.ndarray, spec: Budg
     n = spec.num_steps
     scalars = observations["scalars"].copy()
     masks = observations["action_mask"].copy()
-    scalars[:, K_INDEX] = budget / n
+    scalars[:, Scalar.K] = budget / n
     used = np.concatenate([[0], np.cumsum(actions)])
     for t in range(n):
-        masks[t] = spec.action_mask(t, int(used[t]), budget, bool(scalars[t, VALID_INDEX] > 0.5))
+        masks[t] = spec.action_mask(t, int(used[t]), budget, bool(scalars[t, Scalar.cache_valid] > 0.5))
         assert masks[t][actions[t]], f"relabelled mask forbids the recorded action at step {t}"
     return {**observations, "scalars": scalars, "action_mask": masks}
 
 
 def run_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, Any]:
     """One behaviour episode, relabelled, as arrays ready for an episode file."""
-    obs, info = env.reset(seed=recipe.seed + index)
-    policy.reset(obs, info)
-    observations = {k: [v] for k, v in obs.items()}
-    actions, rewards = [], []
-    done = False
-    while not done:
-        obs, reward, done, truncated, step_info = env.step(policy(obs))
-        if truncated:
-            raise RuntimeError("MorcaEnv episodes never truncate")
-        actions.append(step_info["action"])
-        rewards.append(reward)
-        for k, v in obs.items():
-            observations[k].append(v)
-    observations = {k: np.stack(v) for k, v in observations.items()}
-    actions = np.asarray(actions, dtype=np.int64)
-    observations = relabel(observations, actions, env.unwrapped.budget_spec)
+    from .rollout import rollout
+
+    options = policy.episode_options(index) if hasattr(policy, "episode_options") else None
+    trajectory = rollout(env, policy, options=options, seed=recipe.seed + index, record=True)
+    info, actions = trajectory.info, trajectory.actions
+    observations = relabel(trajectory.observations, actions, env.unwrapped.budget_spec)
     dtype = np.float16 if recipe.feature_dtype == "float16" else np.float32
     for key in FEATURE_KEYS:
         observations[key] = observations[key].astype(dtype)
     meta = {"prompt": info["prompt"], "seed": info["seed"], "budget": int(actions.sum()),
-            "target_speedup": info.get("target_speedup") or 0.0, "psnr": float(min(step_info["psnr"], 1e3)),
-            "ssim": float(step_info["ssim"]), "speedup": float(step_info["speedup"]),
-            "latency_s": float(step_info["latency_s"])}
-    return {"observations": observations, "actions": actions, "rewards": np.asarray(rewards, dtype=np.float32),
-            "meta": meta}
+            "target_speedup": info.get("target_speedup") or 0.0, "psnr": float(min(info["psnr"], 1e3)),
+            "ssim": float(info["ssim"]), "speedup": float(info["speedup"]),
+            "latency_s": float(info["latency_s"])}
+    return {"observations": observations, "actions": actions, "rewards": trajectory.rewards, "meta": meta}
 
 
 def _episode_path(staging: Path, index: int) -> Path:
@@ -419,15 +396,8 @@ def episode_options(dataset) -> list[dict]:
     return out
 
 
-def flatten_observation(obs: dict[str, np.ndarray]) -> np.ndarray:
-    """(T, ...) dict observation -> (T, D) float32: pooled, temporal, scalars, action_mask."""
-    return np.concatenate([obs[k].reshape(len(obs[k]), -1).astype(np.float32)
-                           for k in ("pooled", "temporal", "scalars", "action_mask")], axis=1)
-
-
-def tuple_observation(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """(T, ...) dict observation -> [pooled, temporal, scalars, action_mask] as float32 arrays."""
-    return [obs[k].astype(np.float32) for k in ("pooled", "temporal", "scalars", "action_mask")]
+flatten_observation = as_flat  # kept names; the layout lives in morca_env.observation
+tuple_observation = as_tuple
 
 
 def first_episodes(dataset, count: int | None) -> list[int] | None:

@@ -17,15 +17,13 @@ from gymnasium import spaces
 
 from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
 from .denoiser import DenoiserConfig, StepwiseDenoiser
-from .features import feature_shapes
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
 from .models.presets import ModelPreset, get_preset, load_calibration
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
-from .observation import ObservationBuilder
+from .observation import SCALAR_NAMES, ObservationBuilder, observation_space  # noqa: F401 (SCALAR_NAMES re-exported)
 from .signals import SIGNAL_KINDS, signal_input_for_step
 
-SCALAR_NAMES = ("d_t", "D_t", "t", "l_t", "u_t", "K", "cache_valid")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _LPIPS_WARNED = False
 
@@ -200,15 +198,7 @@ class MorcaEnv(gym.Env):
         self._lpips = self._make_lpips(lpips)
         self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features)
 
-        channels = self.denoiser.in_channels
-        shapes = feature_shapes(channels)
-        scalar_high = np.array([np.inf, np.inf, 1, 1, 1, 1, 1], dtype=np.float32)
-        self.observation_space = spaces.Dict({
-            "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.float32),
-            "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.float32),
-            "scalars": spaces.Box(np.zeros(7, np.float32), scalar_high, (7,), np.float32),
-            "action_mask": spaces.MultiBinary(2),
-        })
+        self.observation_space = observation_space(self.denoiser.in_channels)
         self.action_space = spaces.Discrete(2)
         self._episode_active = False
         self._ended = False
@@ -322,18 +312,24 @@ class MorcaEnv(gym.Env):
             raise ValueError("reset options take speedup or budget, not both")
         if "budget" in options:
             return None, self.budget_spec.check_budget(options["budget"])
-        calibration = self.calibration.with_scheduler_cost(options.get("scheduler_cost_s", 0.0))
-        dither = seed_dither(self.gen_seed) if self.budget_rounding == "dither" else None
+        cost = options.get("scheduler_cost_s", 0.0)
         if "speedup" in options:
-            rho = calibration.check_speedup(options["speedup"]) if _is_number(options["speedup"]) else None
-            if rho is None:
+            if not _is_number(options["speedup"]):
                 raise ValueError(f"options['speedup']={options['speedup']!r} must be a number")
-            return rho, calibration.budget_for_speedup(rho, dither)
+            rho = self.calibration.with_scheduler_cost(cost).check_speedup(options["speedup"])
+            return rho, self.budget_for_speedup(rho, self.gen_seed, cost)
         if self._budget_default is not None:
             return None, self._budget_default
         spec = self._speedup_spec
         rho = spec if isinstance(spec, float) else float(self.np_random.uniform(spec[0], spec[1]))
-        return rho, calibration.budget_for_speedup(rho, dither)
+        return rho, self.budget_for_speedup(rho, self.gen_seed, cost)
+
+    def budget_for_speedup(self, speedup: float, seed: int, scheduler_cost_s: float = 0.0) -> int:
+        """The K an episode with generation seed `seed` runs for a target speedup (this env's rounding):
+        what `reset(options={"speedup": ...})` uses, for tools that plan at the same K (search, tables)."""
+        calibration = self.calibration.with_scheduler_cost(scheduler_cost_s)
+        dither = seed_dither(seed) if self.budget_rounding == "dither" else None
+        return calibration.budget_for_speedup(calibration.check_speedup(speedup), dither)
 
     def _reference_fields(self) -> dict:
         return {"model": self._fingerprint, "config": asdict(self.config), "prompt": self.prompt,

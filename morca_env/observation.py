@@ -7,14 +7,65 @@ decision and `record` with the executed action.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
 import torch
+from gymnasium import spaces
 
 from .budget import BudgetSpec
 from .features import feature_shapes, latent_features, stack_features
 from .signals import StepDistanceTracker
 
+# ----------------------------------------------------------------- the layout (its one home)
+OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")  # order of the tuple form (d3rlpy, networks)
+FEATURE_KEYS = ("pooled", "temporal")  # latent features (stored as float16 in datasets)
+MASK_INDEX = OBS_KEYS.index("action_mask")
+
+
+class Scalar(IntEnum):
+    """Index of each entry of `obs["scalars"]`."""
+
+    d_t = 0  # SeaCache's filtered step distance
+    D_t = 1  # its sum since the last recompute
+    t = 2  # remaining steps / N
+    l_t = 3  # steps since the last recompute / N
+    u_t = 4  # reuses so far / N
+    K = 5  # budget / N
+    cache_valid = 6  # 1 when every CFG branch holds a residual
+
+
+SCALAR_NAMES = tuple(s.name for s in Scalar)
+NUM_SCALARS = len(Scalar)
 TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
+
+
+def observation_space(channels: int) -> spaces.Dict:
+    """MorcaEnv's observation space for a latent with `channels` channels."""
+    shapes = feature_shapes(channels)
+    high = np.full(NUM_SCALARS, 1.0, dtype=np.float32)
+    high[[Scalar.d_t, Scalar.D_t]] = np.inf  # distances are unbounded
+    return spaces.Dict({
+        "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.float32),
+        "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.float32),
+        "scalars": spaces.Box(np.zeros(NUM_SCALARS, np.float32), high, (NUM_SCALARS,), np.float32),
+        "action_mask": spaces.MultiBinary(2),
+    })
+
+
+def as_tuple(obs: dict) -> list[np.ndarray]:
+    """Dict observation (one, or stacked along a first axis) -> [pooled, temporal, scalars, action_mask], float32."""
+    return [np.asarray(obs[k], dtype=np.float32) for k in OBS_KEYS]
+
+
+def as_flat(obs: dict) -> np.ndarray:
+    """Stacked (T, ...) dict observation -> (T, D) float32, the keys concatenated in `OBS_KEYS` order."""
+    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(len(obs[k]), -1) for k in OBS_KEYS], axis=1)
+
+
+def step_of(obs, num_steps: int) -> int:
+    """The step index an observation was taken at, from its remaining-steps scalar."""
+    return int(round(num_steps * (1.0 - float(obs["scalars"][Scalar.t]))))
 
 
 class ObservationBuilder:

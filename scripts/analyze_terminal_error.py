@@ -20,12 +20,14 @@ import sys
 import minari
 import numpy as np
 
+from morca_env.observation import Scalar
+
 
 def episode_features(ep, channels: int):
     obs = ep.observations
     actions = np.asarray(ep.actions)
     n = len(actions)
-    d = obs["scalars"][:n, 0] * actions
+    d = obs["scalars"][:n, Scalar.d_t] * actions
     step = np.concatenate([d, [actions.sum() / n]])
     pooled = obs["pooled"][:n, :channels].astype(np.float32).mean(axis=(2, 3, 4))
     temporal = obs["temporal"][:n].astype(np.float32)

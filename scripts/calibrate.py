@@ -33,6 +33,7 @@ from tqdm import tqdm
 import morca_env  # noqa: F401
 from morca_env.calibrate import measure_calibration
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
+from morca_env.rollout import rollout
 
 
 def parse_args(argv=None):
@@ -63,12 +64,7 @@ def calibrate_thresholds(args, kwargs) -> int:
         policy = SeaCacheThreshold(float(delta))
         budgets = []
         for prompt, seed in pairs:
-            obs, info = env.reset(options={"prompt": prompt, "seed": seed})
-            policy.reset(obs, info)
-            done = False
-            while not done:
-                obs, _, done, _, info = env.step(policy(obs))
-            budgets.append(info["num_reuse"])
+            budgets.append(rollout(env, policy, {"prompt": prompt, "seed": seed}).num_reuse)
         k = float(np.mean(budgets))
         rows.append((float(delta), k, env.calibration.speedup_of_budget(k)))
     print(f"{'delta':>8} {'mean K':>7} {'speedup':>8}")
