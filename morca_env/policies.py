@@ -14,12 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .budget import BudgetSpec
+from .observation import Scalar, step_of
 
-D_INDEX, T_INDEX, U_INDEX, K_INDEX = 1, 2, 4, 5
-
-
-def step_index(obs, num_steps: int) -> int:
-    return int(round(num_steps * (1.0 - float(obs["scalars"][T_INDEX]))))
+step_index = step_of  # the name the rule policies have always used
 
 
 def feasible(action: int, obs) -> int:
@@ -56,6 +53,82 @@ class UniformInterval(_FixedSchedule):
         return schedule
 
 
+class FixedSchedule(_FixedSchedule):
+    """Plays one given schedule (search candidates, replays of searched data); the episode's K must be its reuses."""
+
+    def __init__(self, schedule):
+        self.fixed = [int(a) for a in schedule]
+        if any(a not in (0, 1) for a in self.fixed):
+            raise ValueError(f"schedule={schedule!r} must hold only 0 (recompute) and 1 (reuse)")
+
+    def plan(self, spec, budget):
+        if len(self.fixed) != spec.num_steps or sum(self.fixed) != budget:
+            raise ValueError(f"the fixed schedule has {len(self.fixed)} steps and {sum(self.fixed)} reuses; "
+                             f"this episode has {spec.num_steps} steps and K={budget}")
+        forced = sorted(i for i in spec.forced if self.fixed[i])
+        if forced:
+            raise ValueError(f"the fixed schedule reuses on forced steps {forced}")
+        return list(self.fixed)
+
+
+class StaticSchedule(_FixedSchedule):
+    """The best fixed schedule: for each K, the one schedule with the highest mean PSNR over training prompts.
+
+    `schedules` maps K to a schedule found by `morca_env.search` (`scripts/fit_fixed_schedule.py`).
+    A K without its own entry takes the nearest fitted K's schedule and adds the
+    missing reuses (or removes the extra ones) where they keep recomputes most
+    evenly spaced, so every K is served.
+    """
+
+    def __init__(self, schedules: dict, source: str = "unspecified"):
+        if not schedules:
+            raise ValueError("StaticSchedule needs at least one fitted schedule")
+        self.schedules = {int(k): [int(a) for a in v] for k, v in schedules.items()}
+        for k, v in self.schedules.items():
+            if sum(v) != k:
+                raise ValueError(f"the schedule stored for K={k} has {sum(v)} reuses")
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path) -> "StaticSchedule":
+        import json
+        from pathlib import Path
+
+        data = json.loads(Path(path).read_text())
+        return cls({int(k): v for k, v in data["schedules"].items()}, data.get("source", str(path)))
+
+    @classmethod
+    def packaged(cls, model: str) -> "StaticSchedule":
+        from .models.presets import find_calibration_file
+
+        path = find_calibration_file(f"{model}_fixed_schedules.json")
+        if path is None:
+            raise FileNotFoundError(f"no fitted fixed schedules for {model!r}; run scripts/fit_fixed_schedule.py")
+        return cls.from_file(path)
+
+    def plan(self, spec, budget):
+        nearest = min(self.schedules, key=lambda k: (abs(k - budget), k))
+        schedule = list(self.schedules[nearest])
+        if len(schedule) != spec.num_steps:
+            raise ValueError(f"fixed schedules were fitted for {len(schedule)} steps, this env has {spec.num_steps}")
+        free = [i for i in range(spec.num_steps) if i not in spec.forced]
+        while sum(schedule) < budget:  # turn the recompute farthest from reuses (then most crowded) into a reuse
+            schedule[max((i for i in free if not schedule[i]), key=lambda i: _spacing(schedule, i))] = 1
+        while sum(schedule) > budget:  # and back: the reuse farthest from recomputes (then most crowded)
+            schedule[max((i for i in free if schedule[i]), key=lambda i: _spacing(schedule, i))] = 0
+        return schedule
+
+
+def _spacing(schedule: list[int], i: int) -> tuple[int, int, int]:
+    """(distance to the nearest step of the other kind, minus the distance to the nearest of the same, -i)."""
+    def nearest(value):
+        left = next((i - j for j in range(i - 1, -1, -1) if schedule[j] == value), len(schedule))
+        right = next((j - i for j in range(i + 1, len(schedule)) if schedule[j] == value), len(schedule))
+        return min(left, right)
+
+    return nearest(1 - schedule[i]), -nearest(schedule[i]), -i
+
+
 class RandomFeasible(_FixedSchedule):
     """A schedule drawn uniformly among those with exactly K reuses on free steps."""
 
@@ -87,7 +160,7 @@ class SeaCacheThreshold:
         pass
 
     def __call__(self, obs) -> int:
-        return feasible(int(obs["scalars"][D_INDEX] < self.delta), obs)
+        return feasible(int(obs["scalars"][Scalar.D_t] < self.delta), obs)
 
 
 def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float, forced, stop_above: int | None = None):
@@ -287,4 +360,121 @@ class ThresholdCurve:
 
     def __call__(self, obs) -> int:
         i = min(step_index(obs, self.num_steps), self.num_steps - 1)
-        return feasible(int(obs["scalars"][D_INDEX] < self.curve[i]), obs)
+        return feasible(int(obs["scalars"][Scalar.D_t] < self.curve[i]), obs)
+
+
+class GlobalSeaCache(SeaCacheThreshold):
+    """SeaCache with one threshold per target speedup, g(rho) (as the paper tunes it on training prompts).
+
+    Its K varies per video, so it runs in a budget-free env (`exact_budget = False`).
+    """
+
+    exact_budget = False
+
+    def __init__(self, threshold_map: ThresholdMap):
+        super().__init__(1.0)
+        self.g = threshold_map
+
+    def reset(self, obs, info) -> None:
+        if not info.get("target_speedup"):
+            raise ValueError("seacache-global needs a target speedup (reset with options={'speedup': ...})")
+        self.delta = self.g(info["target_speedup"])
+
+
+class SearchedSchedules(_FixedSchedule):
+    """The per-prompt oracle: plays the schedule `morca_env.search` found for this (prompt, seed, K).
+
+    Reads the `<name>.json` results of `scripts/search_schedules.py`; an episode
+    without a search result is an error, never a silent fallback.
+    """
+
+    def __init__(self, directory):
+        import json
+        from pathlib import Path
+
+        self.found: dict[tuple[str, int, int], list[int]] = {}
+        for path in sorted(Path(directory).glob("*.json")):
+            data = json.loads(path.read_text())
+            if len(data.get("pairs", [])) == 1:
+                (prompt, seed), = data["pairs"]
+                self.found[(prompt, int(seed), int(data["budget"]))] = data["schedule"]
+        if not self.found:
+            raise FileNotFoundError(f"no per-prompt search results (*.json) in {directory}")
+
+    def reset(self, obs, info) -> None:
+        self.key = (info["prompt"], int(info["seed"]), int(info["budget"]))
+        super().reset(obs, info)
+
+    def plan(self, spec, budget):
+        if self.key not in self.found:
+            raise KeyError(f"no searched schedule for prompt {self.key[0]!r}, seed {self.key[1]}, K={self.key[2]}; "
+                           "run scripts/search_schedules.py for it")
+        return list(self.found[self.key])
+
+
+# ------------------------------------------------------------------ the registry
+def _model_of(env, name: str) -> str:
+    if env is None:
+        raise ValueError(f"scheduler {name!r} reads the env's packaged calibration files: pass env=")
+    return env.unwrapped.preset.name
+
+
+def _threshold_map(env, name, threshold_map=None):
+    if threshold_map is not None:
+        return threshold_map
+    from .models.presets import load_threshold_map
+
+    return load_threshold_map(_model_of(env, name))
+
+
+def _learned(kind: str):
+    def build(env=None, path=None, **kwargs):
+        if path is None:
+            raise ValueError(f"scheduler {kind!r} needs a checkpoint: make({kind!r}, path=...)")
+        if kind == "reinforce":
+            from agents.reinforce import ReinforcePolicy
+
+            return ReinforcePolicy.load(path, **kwargs)
+        from agents import MorcaPolicy
+
+        return MorcaPolicy.load(path, **kwargs)
+
+    return build
+
+
+SCHEDULERS = {
+    "uniform": lambda env=None: UniformInterval(),
+    "random": lambda env=None, seed=None: RandomFeasible(seed=seed),
+    "fixed": lambda env=None, schedule=None: FixedSchedule(schedule),
+    "best-fixed": lambda env=None, path=None: (StaticSchedule.from_file(path) if path is not None
+                                               else StaticSchedule.packaged(_model_of(env, "best-fixed"))),
+    "searched": lambda env=None, path=None: SearchedSchedules(path),
+    "seacache": lambda env=None, delta=None: SeaCacheThreshold(delta),
+    "seacache-global": lambda env=None, threshold_map=None: GlobalSeaCache(_threshold_map(env, "seacache-global",
+                                                                                        threshold_map)),
+    "seacache-exact": lambda env=None, iterations=12: SeaCacheExactBudget(env, iterations),
+    "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
+        _threshold_map(env, "threshold-curve", threshold_map),
+        **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
+    "morca": _learned("morca"),
+    "reinforce": _learned("reinforce"),
+}
+ALIASES = {"behaviour": "threshold-curve", "behavior": "threshold-curve", "static": "best-fixed"}
+
+
+def make(name: str, env=None, **kwargs):
+    """A scheduler by name (`SCHEDULERS`): the names collection recipes, `scripts/evaluate.py`,
+    `accelerate` users and the quickstart share. `env` is needed by schedulers that read the env's
+    packaged files (threshold maps, fitted schedules) or replay on its pipeline (seacache-exact)."""
+    key = ALIASES.get(name, name)
+    if key not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {name!r}; valid: {', '.join(sorted(SCHEDULERS) + sorted(ALIASES))}")
+    try:
+        return SCHEDULERS[key](env=env, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"scheduler {name!r}: {error}") from None
+
+
+def needs_exact_budget(policy) -> bool:
+    """False for rules that run on their own K (e.g. SeaCache with a global threshold): a budget-free env."""
+    return getattr(policy, "exact_budget", True)

@@ -44,59 +44,34 @@ from morca_env import policies
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
 from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map
+from morca_env.rollout import rollout
 from morca_env.video import side_by_side, write_video
 
-RULES = ("uniform", "random", "seacache-exact", "seacache-global", "behaviour")
-
-
 def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
-    """-> (policy, env it runs in)."""
-    if name == "uniform":
-        return policies.UniformInterval(), env
-    if name == "random":
-        return policies.RandomFeasible(seed=0), env
-    if name == "seacache-exact":
-        return policies.SeaCacheExactBudget(env), env
-    if name == "seacache-global":
-        return GlobalSeaCache(threshold_map or load_threshold_map(env.unwrapped.preset.name)), free_env
-    if name == "behaviour":  # the offline data's threshold-curve policy, held to the exact budget by the mask
-        return policies.ThresholdCurve(load_threshold_map(env.unwrapped.preset.name), seed=0), env
-    if spec is None:
-        raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
-    if spec.endswith(".pt"):
-        from agents.reinforce import ReinforcePolicy
-
-        return ReinforcePolicy.load(spec), env
-    from agents import MorcaPolicy
-
-    return MorcaPolicy.load(spec), env
-
-
-class GlobalSeaCache(policies.SeaCacheThreshold):
-    """SeaCache with one threshold per target speedup (no budget: runs in the budget-free env)."""
-
-    def __init__(self, threshold_map):
-        super().__init__(1.0)
-        self.g = threshold_map
-
-    def reset(self, obs, info) -> None:
-        self.delta = self.g(info["target_speedup"])
+    """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
+    `<label>=<checkpoint>` loads a learned scheduler (`.pt`: REINFORCE, else a d3rlpy MORCA policy)."""
+    if name in policies.SCHEDULERS or name in policies.ALIASES:
+        kind = name
+    elif name.startswith(("morca", "reinforce")):
+        if spec is None:
+            raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
+        kind = "reinforce" if spec.endswith(".pt") else "morca"
+    else:
+        raise SystemExit(f"unknown method {name!r}: a scheduler name ({', '.join(sorted(policies.SCHEDULERS))}) "
+                         "or morca-*=<.d3> / reinforce=<.pt>")
+    kwargs = {"path": spec} if spec is not None else {}
+    if kind == "seacache-global" and threshold_map is not None:
+        kwargs["threshold_map"] = threshold_map
+    if kind in ("random", "threshold-curve", "behaviour"):
+        kwargs["seed"] = 0
+    policy = policies.make(kind, env, **kwargs)
+    return policy, (env if policies.needs_exact_budget(policy) else free_env)
 
 
 def run_episode(env, policy, options):
     """-> (final info, seconds in the policy's per-step calls, seconds in its per-episode setup)."""
-    obs, info = env.reset(options=options)
-    t0 = time.perf_counter()
-    policy.reset(obs, info)
-    setup_time = time.perf_counter() - t0
-    policy_time = 0.0
-    done = False
-    while not done:
-        t0 = time.perf_counter()
-        action = policy(obs)
-        policy_time += time.perf_counter() - t0
-        obs, _, done, _, info = env.step(action)
-    return info, policy_time, setup_time
+    trajectory = rollout(env, policy, options)
+    return trajectory.info, trajectory.policy_seconds, trajectory.setup_seconds
 
 
 def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
@@ -313,7 +288,8 @@ def main(argv=None) -> int:
     if not pairs:
         raise SystemExit(f"--skip-prompts {args.skip_prompts} leaves no prompts: the suite has "
                          f"{len(env.unwrapped.suite.pairs())}")
-    cost = {name: scheduler_step_cost(*loaded[name], *pairs[0]) if name not in RULES else 0.0 for name, _ in methods}
+    cost = {name: scheduler_step_cost(*loaded[name], *pairs[0]) if getattr(loaded[name][0], 'learned', False) else 0.0
+            for name, _ in methods}
     k_cost = {name: 0.0 if args.same_k else c for name, c in cost.items()}  # what the speedup -> K map counts
     log = args.out / "episodes.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []

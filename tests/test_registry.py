@@ -1,0 +1,90 @@
+"""The scheduler registry and the observation layout: one name and one index for each thing, everywhere."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import morca_env  # noqa: F401
+from morca_env import policies
+from morca_env.data import make_behavior
+from morca_env.observation import OBS_KEYS, SCALAR_NAMES, Scalar, as_flat, as_tuple, observation_space, step_of
+from morca_env.rollout import rollout
+
+KWARGS = {"random": {"seed": 0}, "fixed": {"schedule": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]},
+          "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]}}
+NEEDS_FILES = ("best-fixed", "searched", "morca", "reinforce")  # covered in test_search / test_agents
+
+
+@pytest.fixture
+def envs(tmp_path):
+    env = gym.make("MorcaTinyRandom-v0", budget=6, num_inference_steps=20, lpips=False,
+                   reference_cache_dir=str(tmp_path))
+    free = gym.make("MorcaTinyRandom-v0", budget=6, num_inference_steps=20, lpips=False, enforce_budget=False,
+                    pipeline=env.unwrapped.pipe, reference_cache_dir=str(tmp_path))
+    return env, free
+
+
+@pytest.mark.parametrize("name", [n for n in policies.SCHEDULERS if n not in NEEDS_FILES])
+def test_every_rule_runs_by_name_at_exact_k(name, envs):
+    env, free = envs
+    policy = policies.make(name, env, **KWARGS.get(name, {}))
+    exact = policies.needs_exact_budget(policy)
+    target = {"budget": 6} if name == "fixed" else {"speedup": 1.8}  # a fixed schedule has its own K
+    trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, **target})
+    assert not any(trajectory.requested[i] != trajectory.actions[i] for i in range(len(trajectory.actions)))
+    if exact:
+        assert trajectory.num_reuse == trajectory.info["budget"]
+
+
+def test_unknown_names_and_bad_options_say_what_is_valid(envs):
+    with pytest.raises(ValueError, match="unknown scheduler 'seacash'.*seacache-exact"):
+        policies.make("seacash")
+    with pytest.raises(TypeError, match="scheduler 'uniform'"):
+        policies.make("uniform", delta=0.3)
+    with pytest.raises(ValueError, match="pass env="):
+        policies.make("seacache-global")
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        policies.make("morca")
+    assert isinstance(policies.make("behaviour", envs[0], seed=1), policies.ThresholdCurve)
+
+
+def test_collection_recipes_take_registry_names(envs):
+    env, _ = envs
+    assert isinstance(make_behavior({"name": "seacache", "delta": 0.2}, env, seed=0), policies.SeaCacheThreshold)
+    a = make_behavior({"name": "random"}, env, seed=5)
+    b = make_behavior({"name": "random"}, env, seed=5)
+    spec = env.unwrapped.budget_spec
+    assert a.plan(spec, 6) == b.plan(spec, 6)  # the recipe's per-episode seed reaches the policy
+
+
+def test_scalar_layout_matches_what_the_env_writes(envs):
+    env, _ = envs
+    obs, info = env.reset(options={"prompt": "a red circle", "seed": 0, "budget": 6})
+    n = info["num_steps"]
+    assert SCALAR_NAMES == ("d_t", "D_t", "t", "l_t", "u_t", "K", "cache_valid")
+    assert obs["scalars"][Scalar.K] == pytest.approx(6 / n) and obs["scalars"][Scalar.t] == pytest.approx(1.0)
+    for step in range(3):
+        obs, *_ = env.step(0 if step == 0 else 1)
+    assert step_of(obs, n) == 3
+    assert obs["scalars"][Scalar.u_t] == pytest.approx(2 / n)  # two reuses so far
+    assert obs["scalars"][Scalar.l_t] == pytest.approx(3 / n)  # three steps since the recompute at step 0
+    assert obs["scalars"][Scalar.cache_valid] == 1.0
+    assert env.observation_space == observation_space(3)
+
+
+def test_tuple_and_flat_forms_follow_obs_keys(envs):
+    env, _ = envs
+    obs, _ = env.reset(options={"prompt": "a red circle", "seed": 0})
+    stacked = {k: np.stack([v, v]) for k, v in obs.items()}
+    parts = as_tuple(stacked)
+    assert [p.shape[1:] for p in parts] == [obs[k].shape for k in OBS_KEYS]
+    flat = as_flat(stacked)
+    assert flat.shape == (2, sum(obs[k].size for k in OBS_KEYS))
+    assert np.array_equal(flat[0, -2:], obs["action_mask"].astype(np.float32))  # the mask comes last
+
+
+def test_budget_for_speedup_is_what_reset_runs(envs):
+    env, _ = envs
+    for seed in range(6):
+        _, info = env.reset(options={"prompt": "a red circle", "seed": seed, "speedup": 1.7})
+        assert info["budget"] == env.unwrapped.budget_for_speedup(1.7, seed)
