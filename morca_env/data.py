@@ -86,7 +86,7 @@ def make_behavior(spec: dict, env, seed: int):
     from . import policies
 
     options = {k: v for k, v in spec.items() if k != "name"}
-    if spec.get("name") in ("random", "threshold-curve", "behaviour", "behavior"):
+    if spec.get("name") in policies.SEEDED:
         options["seed"] = seed
     return policies.make(spec.get("name"), env, **options)
 

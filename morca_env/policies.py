@@ -412,6 +412,83 @@ class SearchedSchedules(_FixedSchedule):
         return list(self.found[self.key])
 
 
+class JitteredUniform(_FixedSchedule):
+    """Uniform spacing moved by `moves` random swaps of nearby steps (behaviour data near a good schedule)."""
+
+    def __init__(self, moves: int = 4, max_shift: int = 2, seed: int | None = None):
+        if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
+            raise ValueError(f"moves={moves!r} must be a non-negative integer")
+        self.moves, self.max_shift = moves, max_shift
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, spec, budget):
+        from .search import SearchConfig, propose
+
+        schedule = UniformInterval().plan(spec, budget)
+        config = SearchConfig(max_shift=self.max_shift, far_fraction=0.0)
+        for _ in range(self.moves):
+            moved = propose(schedule, spec, self.rng, config)
+            schedule = moved if moved is not None else schedule
+        return schedule
+
+
+class ReplaySchedules(_FixedSchedule):
+    """Replays stored (prompt, seed, schedule) episodes, the i-th collected episode playing entry i (cyclically).
+
+    The entries file (JSON list of {"prompt", "seed", "schedule"}) is what a
+    searched dataset's recipe points to, e.g. `datasets/morca/tiny/searched-v0.schedules.json`.
+    """
+
+    def __init__(self, path):
+        import json
+        from pathlib import Path
+
+        self.entries = json.loads(Path(path).read_text())
+        if not self.entries:
+            raise ValueError(f"{path} holds no schedules")
+        self.entry = self.entries[0]
+
+    def episode_options(self, index: int) -> dict:
+        self.entry = self.entries[index % len(self.entries)]
+        return {"prompt": self.entry["prompt"], "seed": int(self.entry["seed"]), "budget": int(sum(self.entry["schedule"]))}
+
+    def plan(self, spec, budget):
+        return FixedSchedule(self.entry["schedule"]).plan(spec, budget)
+
+
+class Mixture:
+    """A behaviour mixture: each episode plays one component, drawn with the given weights.
+
+    `components` are registry specs with a weight, e.g.
+    [{"name": "threshold-curve", "weight": 0.5}, {"name": "jittered-uniform", "weight": 0.25}, ...];
+    the draw and each component's own randomness come from `seed` (the recipe's per-episode seed).
+    """
+
+    def __init__(self, components, env=None, seed: int | None = None):
+        if not components:
+            raise ValueError("a mixture needs at least one component")
+        weights = np.array([float(c.get("weight", 1.0)) for c in components])
+        if np.any(weights < 0) or weights.sum() <= 0:
+            raise ValueError(f"mixture weights {weights.tolist()} must be >= 0 with a positive sum")
+        rng = np.random.default_rng(seed)
+        chosen = components[int(rng.choice(len(components), p=weights / weights.sum()))]
+        options = {k: v for k, v in chosen.items() if k not in ("name", "weight")}
+        if chosen["name"] in SEEDED:
+            options["seed"] = int(rng.integers(2**31))
+        self.name = chosen["name"]
+        self.policy = make(chosen["name"], env, **options)
+
+    def episode_options(self, index: int):
+        getter = getattr(self.policy, "episode_options", None)
+        return getter(index) if getter is not None else None
+
+    def reset(self, obs, info) -> None:
+        self.policy.reset(obs, info)
+
+    def __call__(self, obs) -> int:
+        return self.policy(obs)
+
+
 # ------------------------------------------------------------------ the registry
 def _model_of(env, name: str) -> str:
     if env is None:
@@ -456,10 +533,14 @@ SCHEDULERS = {
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
+    "jittered-uniform": lambda env=None, **options: JitteredUniform(**options),
+    "replay": lambda env=None, path=None: ReplaySchedules(path),
+    "mixture": lambda env=None, components=(), seed=None: Mixture(components, env, seed),
     "morca": _learned("morca"),
     "reinforce": _learned("reinforce"),
 }
 ALIASES = {"behaviour": "threshold-curve", "behavior": "threshold-curve", "static": "best-fixed"}
+SEEDED = ("random", "threshold-curve", "behaviour", "behavior", "jittered-uniform", "mixture")  # names whose constructors take a seed
 
 
 def make(name: str, env=None, **kwargs):

@@ -62,7 +62,7 @@ def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
     kwargs = {"path": spec} if spec is not None else {}
     if kind == "seacache-global" and threshold_map is not None:
         kwargs["threshold_map"] = threshold_map
-    if kind in ("random", "threshold-curve", "behaviour"):
+    if kind in policies.SEEDED:
         kwargs["seed"] = 0
     policy = policies.make(kind, env, **kwargs)
     return policy, (env if policies.needs_exact_budget(policy) else free_env)

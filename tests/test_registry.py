@@ -11,8 +11,9 @@ from morca_env.observation import OBS_KEYS, SCALAR_NAMES, Scalar, as_flat, as_tu
 from morca_env.rollout import rollout
 
 KWARGS = {"random": {"seed": 0}, "fixed": {"schedule": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]},
-          "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]}}
-NEEDS_FILES = ("best-fixed", "searched", "morca", "reinforce")  # covered in test_search / test_agents
+          "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]},
+          "mixture": {"components": [{"name": "uniform"}, {"name": "seacache", "delta": 0.2}], "seed": 0}}
+NEEDS_FILES = ("best-fixed", "searched", "replay", "morca", "reinforce")  # covered below, in test_search, test_agents
 
 
 @pytest.fixture
@@ -88,3 +89,27 @@ def test_budget_for_speedup_is_what_reset_runs(envs):
     for seed in range(6):
         _, info = env.reset(options={"prompt": "a red circle", "seed": seed, "speedup": 1.7})
         assert info["budget"] == env.unwrapped.budget_for_speedup(1.7, seed)
+
+
+def test_mixture_draws_each_component_by_weight_and_replays_stored_schedules(envs, tmp_path):
+    import json
+
+    env, _ = envs
+    schedule = [0, 1, 1, 0] + [0] * 16
+    entries = tmp_path / "entries.json"
+    entries.write_text(json.dumps([{"prompt": "a blue square", "seed": 7, "schedule": schedule}]))
+    components = [{"name": "jittered-uniform", "weight": 3, "moves": 2}, {"name": "replay", "weight": 1,
+                                                                          "path": str(entries)}]
+    names = [policies.make("mixture", env, components=components, seed=s).name for s in range(400)]
+    assert 0.2 < names.count("replay") / len(names) < 0.3  # weight 1 of 4
+    replay = next(policies.make("mixture", env, components=components, seed=s) for s in range(400)
+                  if names[s] == "replay")
+    options = replay.episode_options(0)
+    assert options == {"prompt": "a blue square", "seed": 7, "budget": 2}
+    assert rollout(env, replay, options).schedule == schedule
+    jitter = policies.make("jittered-uniform", env, moves=3, seed=0)
+    played = rollout(env, jitter, {"prompt": "a red circle", "seed": 0, "budget": 6})
+    uniform = policies.UniformInterval().plan(env.unwrapped.budget_spec, 6)
+    assert played.num_reuse == 6 and played.schedule != uniform
+    with pytest.raises(ValueError, match="weights"):
+        policies.make("mixture", env, components=[{"name": "uniform", "weight": -1}])
