@@ -169,6 +169,20 @@ class ResidualCache:
         self._controller.reuse = False
         self._controller.computed_calls = self._controller.reused_calls = 0
 
+    def snapshot(self) -> dict:
+        """The cached residuals per branch, by reference: a recompute replaces a residual, never writes into it."""
+        return {"residuals": {name: state.residual for name, state in self._states._state_cache.items()},
+                "cached": frozenset(self._controller.cached_branches)}
+
+    def restore(self, snapshot: dict) -> None:
+        """Put back the residuals of `snapshot` (schedule search resumes a video from a shared prefix)."""
+        self.reset()
+        for name, residual in snapshot["residuals"].items():
+            state = _BranchState()
+            state.residual = residual
+            self._states._state_cache[name] = state
+        self._controller.cached_branches.update(snapshot["cached"])
+
     def remove(self) -> None:
         """Remove the hooks; the blocks' forward is restored exactly."""
         for registry, name in reversed(self._registries):

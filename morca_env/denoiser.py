@@ -49,6 +49,16 @@ class DenoiserConfig:
                 raise ValueError(f"{name}={value!r} must be a non-negative number")
 
 
+@dataclass(frozen=True)
+class DenoiserSnapshot:
+    index: int
+    latents: torch.Tensor  # never written in place: each step makes a new tensor
+    scheduler: object  # a private deep copy
+    caches: list  # ResidualCache.snapshot() per expert
+    elapsed_s: float
+    last_velocity: torch.Tensor | None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -239,6 +249,21 @@ class StepwiseDenoiser:
         _sync(self.device)
         self.elapsed_s += time.perf_counter() - t0
         return self._latents
+
+    def snapshot(self) -> "DenoiserSnapshot":
+        """The state before the next step: enough to resume this video from here (see `restore`)."""
+        return DenoiserSnapshot(self._index, self._latents, copy.deepcopy(self.scheduler),
+                                [cache.snapshot() for cache in self.caches], self.elapsed_s, self.last_velocity)
+
+    def restore(self, snapshot: "DenoiserSnapshot") -> None:
+        """Continue the video from `snapshot` (taken by this denoiser, after the same `start`); the
+        snapshot stays valid for further restores. Steps then give what they gave the first time."""
+        self._index, self._latents = snapshot.index, snapshot.latents
+        self.scheduler = copy.deepcopy(snapshot.scheduler)
+        for cache, state in zip(self.caches, snapshot.caches):
+            cache.claim(self)
+            cache.restore(state)
+        self.elapsed_s, self.last_velocity = snapshot.elapsed_s, snapshot.last_velocity
 
     @torch.no_grad()
     def decode(self) -> torch.Tensor:

@@ -122,8 +122,69 @@ def play_schedule(env, schedule: Sequence[int], prompt: str, seed: int):
     return trajectory
 
 
-def schedule_objective(env, pairs: Sequence[Pair], evaluation_log: EvaluationLog) -> Callable[[list[int]], float]:
-    """Mean terminal reward of a schedule over `pairs`, each episode played once and remembered in the log."""
+class SchedulePlayer:
+    """The env's terminal reward of fixed schedules for one (prompt, seed), fast.
+
+    It runs the env's own pipeline, denoiser, reference and reward (`play_schedule`
+    gives the same numbers; tests/test_search.py checks equality), but skips the
+    observation (a fixed schedule reads none: ~20% of an episode on MorcaTiny) and
+    resumes each schedule from the denoiser state after the longest prefix it
+    shares with the best schedule played so far (a swap changes nothing before its
+    first step: about half the steps of a search's episodes are not re-run).
+    Memory: one denoiser snapshot per step of two schedules.
+    """
+
+    def __init__(self, env, prompt: str, seed: int):
+        from .denoiser import StepwiseDenoiser
+
+        self.env = env.unwrapped
+        self.prompt, self.seed = prompt, int(seed)
+        self.denoiser = StepwiseDenoiser(self.env.pipe, self.env.config, device=self.env.device)
+        self._anchor: tuple[list[int], list, float] | None = None  # (schedule, snapshots before each step, reward)
+
+    def close(self) -> None:
+        self.denoiser.close()
+
+    def play(self, schedule: Sequence[int]) -> tuple[float, float]:
+        """-> (reward, psnr) of `schedule` (exactly what the env's episode would end with)."""
+        from .metrics import to_uint8, video_metrics
+
+        schedule = [int(a) for a in schedule]
+        env = self.env
+        if len(schedule) != env.num_steps:
+            raise ValueError(f"schedule has {len(schedule)} steps, the env {env.num_steps}")
+        forced = sorted(i for i in env.budget_spec.forced if schedule[i])
+        if forced:
+            raise ValueError(f"the schedule reuses on forced steps {forced}")
+        env.reset(options={"prompt": self.prompt, "seed": self.seed, "budget": 0})  # the reference, as episodes get it
+        reference = env.reference_video
+        den = self.denoiser
+        if self._anchor is None:
+            den.start(prompt=self.prompt, seed=self.seed)
+            shared, snapshots = 0, []
+        else:
+            anchor, anchor_snapshots, _ = self._anchor
+            shared = next((i for i, (a, b) in enumerate(zip(schedule, anchor)) if a != b), env.num_steps - 1)
+            snapshots = anchor_snapshots[:shared + 1]
+            den.restore(snapshots[shared])
+            snapshots = snapshots[:shared]
+        for i in range(shared, env.num_steps):
+            snapshots.append(den.snapshot())
+            den.step(reuse=bool(schedule[i]))
+        psnr = float(video_metrics(to_uint8(den.decode()), reference, None)["psnr"])
+        reward = float(min(psnr, env.r_max))
+        if self._anchor is None or reward > self._anchor[2]:
+            self._anchor = (schedule, snapshots, reward)
+        return reward, psnr
+
+
+def schedule_objective(env, pairs: Sequence[Pair], evaluation_log: EvaluationLog,
+                       fast: bool = True) -> Callable[[list[int]], float]:
+    """Mean terminal reward of a schedule over `pairs`, each episode played once and remembered in the log.
+
+    `fast` plays through a `SchedulePlayer` per pair (same rewards, about 2x faster); False plays
+    full env episodes (`play_schedule`)."""
+    players: dict[Pair, SchedulePlayer] = {}
 
     def value(schedule: list[int]) -> float:
         key = schedule_key(schedule)
@@ -131,12 +192,18 @@ def schedule_objective(env, pairs: Sequence[Pair], evaluation_log: EvaluationLog
         for prompt, seed in pairs:
             reward = evaluation_log.get(prompt, seed, key)
             if reward is None:
-                trajectory = play_schedule(env, schedule, prompt, seed)
-                reward = trajectory.reward
-                evaluation_log.add(prompt, seed, key, reward, trajectory.info["psnr"])
+                if fast:
+                    if (prompt, seed) not in players:
+                        players[prompt, seed] = SchedulePlayer(env, prompt, seed)
+                    reward, psnr = players[prompt, seed].play(schedule)
+                else:
+                    trajectory = play_schedule(env, schedule, prompt, seed)
+                    reward, psnr = trajectory.reward, trajectory.info["psnr"]
+                evaluation_log.add(prompt, seed, key, reward, psnr)
             rewards.append(reward)
         return float(np.mean(rewards))
 
+    value.players = players
     return value
 
 
@@ -196,7 +263,11 @@ def search_schedule(env, pairs: Sequence[Pair], budget: int, config: SearchConfi
     if not pairs:
         raise ValueError("search_schedule needs at least one (prompt, seed) pair")
     objective = schedule_objective(env, pairs, EvaluationLog(log_path))
-    result = hill_climb(objective, env.unwrapped.budget_spec, budget, config, start=start)
+    try:
+        result = hill_climb(objective, env.unwrapped.budget_spec, budget, config, start=start)
+    finally:
+        for player in objective.players.values():
+            player.close()
     result.pairs = pairs
     return result
 

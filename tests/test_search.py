@@ -152,3 +152,29 @@ def test_static_schedule_serves_every_k_from_its_fitted_ones():
 def test_packaged_best_fixed_schedule_loads_for_morca_tiny():
     policy = morca_env.policies.make("best-fixed", gym.make("MorcaTiny-v0", lpips=False, latent_features=False))
     assert policy.schedules and all(sum(v) == k for k, v in policy.schedules.items())
+
+
+def test_schedule_player_gives_the_env_reward_whatever_prefix_it_resumes_from(env):
+    """The fast player resumes from the best schedule's snapshots; every reward must still be the episode's."""
+    from morca_env.search import SchedulePlayer
+
+    spec = env.unwrapped.budget_spec
+    player = SchedulePlayer(env, "a red circle", 3)
+    rng = np.random.default_rng(0)
+    schedule = UniformInterval().plan(spec, 7)
+    seen = set()
+    for _ in range(8):
+        reward, _ = player.play(schedule)
+        assert reward == pytest.approx(play_schedule(env, schedule, "a red circle", 3).reward, abs=1e-4)
+        seen.add(reward)
+        schedule = propose(schedule, spec, rng, SearchConfig()) or schedule
+    assert len(seen) > 3  # the schedules differed, and so did their rewards
+    # resuming right before a reuse needs the residuals of the shared prefix restored too
+    anchor = UniformInterval().plan(spec, 7)
+    first = anchor.index(1)
+    earlier = list(anchor)
+    earlier[first], earlier[first - 1] = 0, 1
+    player = SchedulePlayer(env, "a blue square", 4)
+    player.play(anchor)
+    assert player.play(earlier)[0] == pytest.approx(play_schedule(env, earlier, "a blue square", 4).reward, abs=1e-4)
+    player.close()
