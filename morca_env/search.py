@@ -272,6 +272,40 @@ def search_schedule(env, pairs: Sequence[Pair], budget: int, config: SearchConfi
     return result
 
 
+# ------------------------------------------------------------------ searched episodes as data
+def searched_episodes(directories: Sequence[str | Path], per_search: int | None = None, seed: int = 0,
+                      exclude: Sequence[str] = ()) -> list[dict]:
+    """Every episode the searches under `directories` evaluated, as {prompt, seed, schedule, reward}.
+
+    `per_search` keeps, per (log, prompt, seed), the best half of that many episodes and a random
+    other half (a dataset of good schedules and of what they were compared with). A prompt in
+    `exclude` (e.g. the evaluation suite's) is an error: evaluation prompts never become training data.
+    """
+    rng = np.random.default_rng(seed)
+    banned = set(exclude)
+    entries = []
+    for directory in directories:
+        for path in sorted(Path(directory).glob("*.jsonl")):
+            groups: dict[tuple[str, int], list[dict]] = {}
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                groups.setdefault((row["prompt"], int(row["seed"])), []).append(row)
+            for (prompt, gen_seed), rows in groups.items():
+                if prompt in banned:
+                    raise ValueError(f"{path} searched the held-out prompt {prompt!r}: not training data")
+                if per_search is not None and len(rows) > per_search:
+                    rows = sorted(rows, key=lambda r: -r["reward"])
+                    best, rest = rows[:per_search // 2], rows[per_search // 2:]
+                    picked = rng.choice(len(rest), size=per_search - len(best), replace=False)
+                    rows = best + [rest[i] for i in sorted(picked)]
+                entries += [{"prompt": prompt, "seed": gen_seed, "schedule": [int(c) for c in r["schedule"]],
+                             "reward": float(r["reward"])} for r in rows]
+    return entries
+
+
 # ------------------------------------------------------------------ many searches, in parallel
 @dataclass(frozen=True)
 class SearchTask:

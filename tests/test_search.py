@@ -178,3 +178,19 @@ def test_schedule_player_gives_the_env_reward_whatever_prefix_it_resumes_from(en
     player.play(anchor)
     assert player.play(earlier)[0] == pytest.approx(play_schedule(env, earlier, "a blue square", 4).reward, abs=1e-4)
     player.close()
+
+
+def test_searched_episodes_keep_the_best_and_refuse_held_out_prompts(tmp_path):
+    from morca_env.search import searched_episodes
+
+    log = EvaluationLog(tmp_path / "a.jsonl")
+    for i in range(10):
+        log.add("a red circle", 1, f"{i:020b}", reward=float(i), psnr=float(i))
+    log.add("a blue square", 2, "0" * 20, reward=3.0, psnr=3.0)
+    everything = searched_episodes([tmp_path])
+    assert len(everything) == 11 and all(len(e["schedule"]) == 20 for e in everything)
+    kept = searched_episodes([tmp_path], per_search=4, seed=0)
+    red = sorted(e["reward"] for e in kept if e["prompt"] == "a red circle")
+    assert len(red) == 4 and red[-2:] == [8.0, 9.0]  # the best half, then two of the rest
+    with pytest.raises(ValueError, match="held-out prompt 'a blue square'"):
+        searched_episodes([tmp_path], exclude=["a blue square"])
