@@ -9,6 +9,10 @@ Methods: `uniform` (uniform interval), `random` (random feasible), `behaviour`
 (SeaCache with the per-video threshold that spends exactly K), `seacache-global`
 (one threshold per target, g(rho) from `scripts/calibrate.py --thresholds`,
 tuned on training prompts as the paper tunes it; its K varies per video),
+`best-fixed` (the best fixed schedule per K, fitted on training prompts by
+`scripts/fit_fixed_schedule.py`), `searched=<dir>` (the per-prompt oracle:
+schedules found by `scripts/search_schedules.py`, same K as the others only
+without --calibrate), any other name of `morca_env.policies.SCHEDULERS`,
 `morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`. Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
@@ -166,7 +170,8 @@ def paired_difference(rows, method, baseline, target):
     return float(diff.mean()), float(diff.std()), float(1.96 * diff.std() / np.sqrt(len(diff))), len(diff)
 
 
-def write_tables(out: Path, table, rows, methods, targets, reference_latency):
+def write_tables(out: Path, table, rows, methods, targets, reference_latency,
+                 baselines=("seacache-exact", "seacache-global", "best-fixed")):
     lines = ["| target | method | K | latency (s) | speedup | PSNR (dB) | SSIM | LPIPS |",
              "|---|---|---|---|---|---|---|---|",
              f"| - | no cache (reference) | 0 | {reference_latency:.3f} | 1.00x | - | - | - |"]
@@ -176,15 +181,15 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency):
                      f"{e['psnr']:.2f} ± {e['psnr_std']:.2f} | {e['ssim']:.4f} | {lpips} |")
     notes = []
     names = [m for m, _ in methods]
-    for learned in [m for m in names if m.startswith("morca")]:
-        for baseline in ("seacache-exact", "seacache-global"):
-            if baseline not in names:
-                continue
+    for baseline in [b for b in baselines if b in names]:
+        for method in [m for m in names if m != baseline and (m.startswith(("morca", "reinforce", "searched"))
+                                                            or m in ("best-fixed", "uniform"))]:
             for target in targets:
-                d = paired_difference(rows, learned, baseline, target)
+                d = paired_difference(rows, method, baseline, target)
                 if d:
-                    notes.append(f"- {learned} - {baseline} at {target:.1f}x: {d[0]:+.2f} dB "
+                    notes.append(f"- {method} - {baseline} at {target:.1f}x: {d[0]:+.2f} dB "
                                  f"(std over prompts {d[1]:.2f}, 95% CI ±{d[2]:.2f}, n={d[3]})")
+    for learned in [m for m in names if m.startswith("morca")]:
         errs = [abs(e["speedup"] - e["target"]) for e in table if e["method"] == learned]
         if errs:
             notes.append(f"- {learned} speedup control: mean |realised - target| = {np.mean(errs):.3f}")
@@ -263,6 +268,8 @@ def main(argv=None) -> int:
     p.add_argument("--feedback", action="store_true",
                    help="closed-loop speedup control: per method and target a SpeedupGovernor corrects the requested "
                         "speedup by the speedups realised so far (drift on a shared machine); rebuilt on resume")
+    p.add_argument("--baselines", nargs="+", default=["seacache-exact", "seacache-global", "best-fixed"],
+                   help="methods the others are compared with in paired differences (95%% CIs over prompts)")
     p.add_argument("--same-k", action="store_true",
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
@@ -344,7 +351,7 @@ def main(argv=None) -> int:
         write_video(side_by_side(vids, min_height=256), args.out / f"video_{index:03d}.mp4")
     table = summarise(rows, args.targets, methods)
     reference_latency = float(np.mean([r["latency_s"] * r["speedup"] for r in rows])) if rows else 0.0
-    text = write_tables(args.out, table, rows, methods, args.targets, reference_latency)
+    text = write_tables(args.out, table, rows, methods, args.targets, reference_latency, args.baselines)
     plot_pareto(args.out, table)
     first = [r for r in rows if r["prompt_index"] == 0 and r["target"] == middle]
     same_k = [r for r in first if r["method"] != "seacache-global"]

@@ -29,6 +29,7 @@ from morca_env.search import SearchConfig, SearchTask, search_many
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--budgets", type=int, nargs="+", required=True, help="the K values to fit")
     p.add_argument("--prompts", default="tiny-train:12", help="training prompt suite with fixed seeds (<suite>:<n>)")
     p.add_argument("--evaluations", type=int, default=120, help="schedules evaluated per K")
@@ -41,11 +42,12 @@ def main(argv=None) -> int:
     if args.prompts.startswith("tiny-eval") or args.prompts.startswith("vbench-eval"):
         p.error(f"--prompts {args.prompts!r} is an evaluation suite; fit on training prompts")
     pairs = tuple(get_suite(args.prompts).pairs())
-    spec = gym.make(args.env, lpips=False, latent_features=False).unwrapped.budget_spec
+    env_kwargs = json.loads(args.env_kwargs)
+    spec = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped.budget_spec
     for k in args.budgets:
         spec.check_budget(k)
     tasks = [SearchTask(f"fixed_K{k:03d}", pairs, k) for k in args.budgets]
-    results = search_many(tasks, args.env, {}, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
+    results = search_many(tasks, args.env, env_kwargs, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
                           workers=args.workers, threads=args.threads)
     model = gym.spec(args.env).kwargs["model"]
     if args.save == "user":

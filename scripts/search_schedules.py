@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def task_name(prompt: str, seed: int, budget: int) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", default="{}", help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--prompts", default="tiny-eval", help="prompt suite (evaluation suites have fixed seeds)")
     p.add_argument("--skip", type=int, default=0, help="start at this prompt of the suite")
     p.add_argument("--count", type=int, default=10, help="number of prompts")
@@ -48,12 +50,13 @@ def main(argv=None) -> int:
         p.error(f"--skip {args.skip} / --count {args.count}: the suite has {len(suite)} prompts (skip in "
                 f"[0, {len(suite) - 1}], count >= 1)")
     pairs = suite.pairs()[args.skip: args.skip + args.count]
-    env = gym.make(args.env, lpips=False, latent_features=False).unwrapped
+    env_kwargs = json.loads(args.env_kwargs)
+    env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped
     tasks = [SearchTask(task_name(prompt, seed, k), ((prompt, seed),), k)
              for target in args.targets for prompt, seed in pairs
              for k in [env.budget_for_speedup(target, seed)]]
     tasks = list({t.name: t for t in tasks}.values())  # two targets can round to one K
-    results = search_many(tasks, args.env, {}, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
+    results = search_many(tasks, args.env, env_kwargs, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
                           workers=args.workers, threads=args.threads)
     gains = [r["value"] - r["start_value"] for r in results]
     print(f"{len(results)} searches: mean PSNR gain over uniform spacing {sum(gains) / len(gains):+.2f} dB "

@@ -114,3 +114,28 @@ def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     assert "quickstart finished" in stdout
     table = (out / "eval" / "table.md").read_text()
     assert "morca-online" in table and "seacache-global" in table
+
+
+def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
+    """The headroom pipeline: per-prompt oracle and best fixed schedule, evaluated next to uniform at one K."""
+    kwargs = json.dumps({"num_inference_steps": 10, "r_max": 200})
+    search = tmp_path / "search"
+    run_script(["scripts/search_schedules.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts",
+                "tiny-eval", "--count", "2", "--targets", "1.8", "--evaluations", "6", "--out", str(search)], tmp_path)
+    fixed = tmp_path / "fixed.json"
+    budgets = sorted({json.loads(p.read_text())["budget"] for p in search.glob("*.json")})
+    stdout = run_script(["scripts/fit_fixed_schedule.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
+                         "--prompts", "tiny-train:2", "--budgets", *map(str, budgets), "--evaluations", "4",
+                         "--out", str(tmp_path / "fit"), "--save", str(fixed)], tmp_path)
+    assert "mean training PSNR" in stdout and set(json.loads(fixed.read_text())["schedules"]) == set(map(str, budgets))
+    out = tmp_path / "eval"
+    run_script(["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
+                "--targets", "1.8", "--videos", "0", "--threads", "1", "--out", str(out), "--baselines", "uniform",
+                "--methods", "uniform", f"best-fixed={fixed}", f"searched={search}"], tmp_path)
+    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    by = {(r["method"], r["prompt_index"]): r for r in rows}
+    for index in range(2):
+        ks = {by[m, index]["num_reuse"] for m in ("uniform", "best-fixed", "searched")}
+        assert len(ks) == 1  # the same K for every method
+        assert by["searched", index]["psnr"] >= by["uniform", index]["psnr"] - 1e-6  # search starts from uniform
+    assert "searched - uniform at 1.8x" in (out / "table.md").read_text()
