@@ -27,13 +27,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.calibrate import measure_calibration
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
 from morca_env.rollout import rollout
+from morca_env.threads import configure_threads
 
 
 def parse_args(argv=None):
@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--env-kwargs", default="{}", help="JSON dict of extra env kwargs")
     p.add_argument("--budgets", type=int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=int, default=6, help="rounds over all budgets")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--timing-repeats", type=int, default=3,
                    help="each timed run counts by its fastest of this many back-to-back runs (1: single runs)")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
@@ -90,7 +90,7 @@ def calibrate_thresholds(args, kwargs) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args.threads = configure_threads(args.threads)
     kwargs = {"lpips": False, **json.loads(args.env_kwargs)}
     if args.thresholds:
         return calibrate_thresholds(args, kwargs)

@@ -35,12 +35,10 @@ import argparse
 import csv
 import json
 import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
@@ -50,6 +48,7 @@ from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map
 from morca_env.rollout import rollout
 from morca_env.video import side_by_side, write_video
+from morca_env.threads import configure_threads
 
 def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
     """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
@@ -257,7 +256,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/eval"))
     p.add_argument("--videos", type=int, default=3, help="prompts to render side by side (at the middle target)")
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--calibrate", type=int, default=0, metavar="ROUNDS",
                    help="measure the speedup calibration first (ROUNDS rounds over ~10 budgets, ~0.5 s per episode "
                         "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "
@@ -278,7 +277,7 @@ def main(argv=None) -> int:
         p.error(f"--timing-repeats {args.timing_repeats} must be >= 1")
     if args.feedback and args.same_k:
         p.error("--feedback and --same-k exclude each other: per-method feedback would give each method its own K")
-    torch.set_num_threads(args.threads)
+    args.threads = configure_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     kwargs = {"lpips": args.lpips, **json.loads(args.env_kwargs)}
     preset = morca_env.models.presets.PRESETS[gym.spec(args.env).kwargs["model"]]

@@ -21,12 +21,12 @@ from pathlib import Path
 import d3rlpy
 import gymnasium as gym
 import minari
-import torch
 
 import agents  # noqa: F401
 import morca_env  # noqa: F401
 from agents.online import OnlineConfig, OnlineTrainer
 from morca_env.data import first_episodes, to_replay_buffer
+from morca_env.threads import configure_threads
 
 
 def parse_args(argv=None):
@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--run-dir", type=Path, default=Path("runs/online"))
     p.add_argument("--resume", action="store_true", help="continue after the last finished round")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.from_scratch and args.offline is None:
         raise SystemExit("pass --offline <checkpoint.d3> (and --dataset), or --from-scratch")
-    torch.set_num_threads(args.threads)
+    configure_threads(args.threads)
     d3rlpy.seed(args.seed)
     if (args.run_dir / "latest.json").exists() and not args.resume:
         raise SystemExit(f"{args.run_dir} already holds a run; pass --resume to continue it or use another --run-dir")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import d3rlpy
 import minari
-import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from agents.iql import DiscreteIQLConfig
@@ -27,6 +26,7 @@ from agents.networks import MorcaEncoderFactory
 from agents.training import CheckpointDir, run_updates, steps_per_epoch
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.io import atomic_path
+from morca_env.threads import configure_threads
 
 
 def parse_args(argv=None):
@@ -47,14 +47,14 @@ def parse_args(argv=None):
     p.add_argument("--run-dir", type=Path, default=Path("runs/offline"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    configure_threads(args.threads)
     d3rlpy.seed(args.seed)
     dataset = minari.load_dataset(args.dataset)
     buffer = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, args.episodes),

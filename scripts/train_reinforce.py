@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
-import torch
 
 import morca_env  # noqa: F401
+from morca_env.threads import configure_threads
 from agents.reinforce import Reinforce, ReinforceConfig
 
 
@@ -35,10 +35,10 @@ def main(argv=None) -> int:
                    help="per-episode target speedups (default: the model's data range, 1.5-3.5 for MorcaTiny)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/reinforce"))
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    configure_threads(args.threads)
     if (args.run_dir / "reinforce.pt").exists() and not args.resume:
         raise SystemExit(f"{args.run_dir} already holds a run; pass --resume or use another --run-dir")
     env_kwargs = json.loads(args.env_kwargs)

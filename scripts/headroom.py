@@ -1,0 +1,72 @@
+"""The adaptive-headroom measurement on MorcaTiny (docs/results/headroom_tiny.md), step by step.
+
+    python scripts/headroom.py --morca morca-offline=runs/quickstart/offline/final.d3 \\
+                               --morca morca-online=runs/quickstart/online/final.d3
+
+1. scripts/fit_fixed_schedule.py  the best fixed schedule per K on 12 tiny-train prompts (skipped when
+                                  --fixed names a fitted file; the packaged one by default)
+2. scripts/search_schedules.py    the per-prompt oracle on the first --oracle-prompts held-out prompts
+3. scripts/evaluate.py --same-k   every method at the same K on --prompts held-out tiny-eval prompts
+4. scripts/evaluate.py            the oracle subset: searched, best-fixed and uniform on the same prompts
+5. scripts/evaluate.py --feedback equal measured speedup (calibrated next to the episodes; no oracle)
+
+Held-out prompts are the first --prompts of tiny-eval: no fit, search or training step reads them
+(the oracle searches them, by definition). Everything goes under --out and resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from _runner import ROOT, run
+
+RULES = ["random", "uniform", "seacache-global", "seacache-exact"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("runs/headroom"))
+    p.add_argument("--prompts", type=int, default=60)
+    p.add_argument("--oracle-prompts", type=int, default=10)
+    p.add_argument("--oracle-evaluations", type=int, default=80)
+    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0])
+    p.add_argument("--fixed", default=None, help="a fitted StaticSchedule file (default: the installed one)")
+    p.add_argument("--morca", action="append", default=[], metavar="LABEL=CHECKPOINT",
+                   help="learned schedulers to compare (repeatable)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--latent-features", action="store_true",
+                   help="run the env with latent features (schedulers whose networks read them); default: the "
+                        "lean env, for rules and scalar-state schedulers")
+    p.add_argument("--skip-speedup", action="store_true", help="skip step 5 (equal measured speedup)")
+    args = p.parse_args(argv)
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    targets = [str(t) for t in args.targets]
+    fixed = [f"best-fixed={args.fixed}"] if args.fixed else ["best-fixed"]
+    run("oracle search", ["scripts/search_schedules.py", "--prompts", "tiny-eval", "--count", str(args.oracle_prompts),
+                          "--targets", *targets, "--evaluations", str(args.oracle_evaluations),
+                          "--workers", str(args.workers), "--out", str(out / "oracle")], env)
+    lean = [] if args.latent_features else ["--env-kwargs", '{"latent_features": false}']
+    run("same K, held-out prompts", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *targets,
+                                     "--same-k", "--videos", "0", "--out", str(out / "same_k"), *lean,
+                                     "--baselines", "best-fixed", "uniform", "seacache-exact", "seacache-global",
+                                     "--methods", *RULES, *fixed, *args.morca], env)
+    run("same K, oracle subset", ["scripts/evaluate.py", "--prompts", str(args.oracle_prompts), "--targets", *targets,
+                                  "--same-k", "--videos", "1", "--out", str(out / "oracle_eval"), *lean,
+                                  "--baselines", "best-fixed", "uniform",
+                                  "--methods", "uniform", *fixed, *args.morca, f"searched={out / 'oracle'}"], env)
+    if not args.skip_speedup:
+        run("equal measured speedup", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *targets,
+                                       "--feedback", "--calibrate", "6", "--timing-repeats", "2", "--videos", "0",
+                                       "--out", str(out / "speedup"), *lean,
+                                       "--baselines", "best-fixed", "seacache-global",
+                                       "--methods", "uniform", "seacache-global", *fixed, *args.morca], env)
+    print(f"\ntables: {out}/same_k/table.md, {out}/oracle_eval/table.md, {out}/speedup/table.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Thread counts that cannot oversubscribe: the default leaves busy cores alone and splits the rest among workers."""
+
+import pytest
+
+from morca_env import threads
+
+
+def test_default_uses_free_cores_split_among_workers(monkeypatch):
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 2)
+    assert threads.choose_threads(None, workers=1)[0] == 6
+    assert threads.choose_threads(None, workers=2)[0] == 3
+    assert threads.choose_threads(None, workers=7)[0] == 1  # never below one
+    monkeypatch.setattr(threads, "busy_cores", lambda: 30)  # a loaded machine: one thread, not zero
+    assert threads.choose_threads(None, workers=1)[0] == 1
+
+
+def test_two_cores_with_one_busy_gives_one_thread(monkeypatch):
+    """The measured collapse: 2 threads beside one busy process ran offline IQL 20-75x slower."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 1)
+    count, why = threads.choose_threads()
+    assert count == 1 and "1 busy" in why
+
+
+def test_requested_threads_win_and_bad_values_name_the_range(monkeypatch, caplog):
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    assert threads.choose_threads(3)[0] == 3
+    assert "oversubscribed" in caplog.text
+    with pytest.raises(ValueError, match="threads=0 must be a positive integer .*2 cores"):
+        threads.choose_threads(0)
+    with pytest.raises(ValueError, match="workers=0"):
+        threads.choose_threads(None, workers=0)
+
+
+def test_configure_sets_torch(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert threads.configure_threads(1, quiet=True) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
