@@ -31,6 +31,7 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text
+from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
@@ -70,8 +71,7 @@ class CollectionRecipe:
 
 
 def staging_root() -> Path:
-    root = os.environ.get("MORCA_CACHE_DIR") or Path.home() / ".cache" / "morca"
-    return Path(root) / "collect"
+    return cache_root() / "collect"
 
 
 def minari_root() -> Path:

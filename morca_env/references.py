@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,11 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .io import atomic_path
+from .paths import cache_root
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("MORCA_CACHE_DIR") or Path.home() / ".cache" / "morca"
-    return Path(root) / "references"
+    return cache_root() / "references"
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -13,6 +12,7 @@ import torch
 
 from ..budget import SpeedupCalibration
 from ..denoiser import DenoiserConfig
+from ..paths import cache_root
 from . import tiny_data
 
 
@@ -107,8 +107,7 @@ def get_preset(name: str) -> ModelPreset:
 
 # ------------------------------------------------------------------ calibration
 def user_calibration_dir() -> Path:
-    root = os.environ.get("MORCA_CACHE_DIR") or Path.home() / ".cache" / "morca"
-    return Path(root) / "calibration"
+    return cache_root() / "calibration"
 
 
 def packaged_calibration_path(name: str) -> Path:
