@@ -106,10 +106,10 @@ class OnlineTrainer:
         self._resume()
 
     # ------------------------------------------------------------ persistence
-    def _episodes_path(self, index: int) -> Path:
+    def _episodes_path(self, index: int) -> Path:  # pragma: no mutate block (I/O, not learning)
         return self.run_dir / "online_episodes" / f"round_{index:03d}.npz"
 
-    def _save_round_episodes(self, index: int, episodes) -> None:
+    def _save_round_episodes(self, index: int, episodes) -> None:  # pragma: no mutate block (I/O, not learning)
         arrays = {}
         for e, episode in enumerate(episodes):
             for k, obs in enumerate(episode.observations):
@@ -121,7 +121,7 @@ class OnlineTrainer:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
 
-    def _load_round_episodes(self, index: int):
+    def _load_round_episodes(self, index: int):  # pragma: no mutate block (I/O, not learning)
         from d3rlpy.dataset import Episode
 
         with np.load(self._episodes_path(index)) as data:
@@ -129,7 +129,7 @@ class OnlineTrainer:
             return [Episode(observations=[data[f"{e}/obs{k}"] for k in range(4)], actions=data[f"{e}/actions"],
                             rewards=data[f"{e}/rewards"], terminated=True) for e in range(count)]
 
-    def _resume(self) -> None:
+    def _resume(self) -> None:  # pragma: no mutate block (I/O, not learning)
         found = self.checkpoints.latest()
         if found is None:
             return
