@@ -49,7 +49,7 @@ class OnlineConfig:
     features: str = "p3,mean,var"  # latent features of the networks when starting from scratch (offline: its own)
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self):  # pragma: no mutate block (data collection, not learning)
         for name in ("rounds", "trajectories_per_round", "batch_size", "n_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -60,7 +60,7 @@ class OnlineConfig:
             raise ValueError(f"speedup_range={self.speedup_range!r} must be (low, high) with 1 <= low <= high")
 
 
-def rollout(env, policy, options: dict | None = None, seed: int | None = None):
+def rollout(env, policy, options: dict | None = None, seed: int | None = None):  # pragma: no mutate block (data collection, not learning)
     """One episode; returns (d3rlpy Episode, final info)."""
     trajectory = play(env, policy, options=options, seed=seed, record=True)
     return episode_from_trajectory(trajectory), trajectory.info
@@ -99,10 +99,10 @@ class OnlineTrainer:
         self._resume()
 
     # ------------------------------------------------------------ persistence
-    def _episodes_path(self, index: int) -> Path:
+    def _episodes_path(self, index: int) -> Path:  # pragma: no mutate block (I/O, not learning)
         return self.run_dir / "online_episodes" / f"round_{index:03d}.npz"
 
-    def _save_round_episodes(self, index: int, episodes) -> None:
+    def _save_round_episodes(self, index: int, episodes) -> None:  # pragma: no mutate block (I/O, not learning)
         arrays = {}
         for e, episode in enumerate(episodes):
             for k, obs in enumerate(episode.observations):
@@ -114,7 +114,7 @@ class OnlineTrainer:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
 
-    def _load_round_episodes(self, index: int):
+    def _load_round_episodes(self, index: int):  # pragma: no mutate block (I/O, not learning)
         from d3rlpy.dataset import Episode
 
         with np.load(self._episodes_path(index)) as data:
@@ -122,7 +122,7 @@ class OnlineTrainer:
             return [Episode(observations=[data[f"{e}/obs{k}"] for k in range(4)], actions=data[f"{e}/actions"],
                             rewards=data[f"{e}/rewards"], terminated=True) for e in range(count)]
 
-    def _resume(self) -> None:
+    def _resume(self) -> None:  # pragma: no mutate block (I/O, not learning)
         found = self.checkpoints.latest()
         if found is None:
             return
@@ -138,7 +138,7 @@ class OnlineTrainer:
         print(f"resumed online fine-tuning after round {self.start_round} ({len(self.online_episodes)} online episodes)")
 
     # ------------------------------------------------------------ the loop
-    def collect(self, count: int) -> tuple[list, list[dict]]:
+    def collect(self, count: int) -> tuple[list, list[dict]]:  # pragma: no mutate block (data collection, not learning)
         policy = MorcaPolicy(self.algo, deterministic=False)
         episodes, infos = [], []
         lo, hi = self.config.speedup_range

@@ -59,7 +59,7 @@ class ReinforcePolicy:
         return int(torch.multinomial(F.softmax(logits, dim=0), 1, generator=self.generator))
 
     @classmethod
-    def load(cls, path, deterministic: bool = True) -> "ReinforcePolicy":
+    def load(cls, path, deterministic: bool = True) -> "ReinforcePolicy":  # pragma: no mutate block (I/O, not learning)
         state = torch.load(path, weights_only=False)
         network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
         network.load_state_dict(state["network"])
@@ -84,10 +84,10 @@ class Reinforce:
         self._resume()
 
     @property
-    def checkpoint_path(self) -> Path:
+    def checkpoint_path(self) -> Path:  # pragma: no mutate block (I/O, not learning)
         return self.run_dir / "reinforce.pt"
 
-    def _resume(self) -> None:
+    def _resume(self) -> None:  # pragma: no mutate block (I/O, not learning)
         if not self.checkpoint_path.exists():
             return
         state = torch.load(self.checkpoint_path, weights_only=False)
@@ -97,7 +97,7 @@ class Reinforce:
         self.rng = np.random.default_rng([self.config.seed, self.episodes_done])
         print(f"resumed REINFORCE after {self.episodes_done} episodes")
 
-    def save(self, path: Path | None = None) -> Path:
+    def save(self, path: Path | None = None) -> Path:  # pragma: no mutate block (I/O, not learning)
         path = path or self.checkpoint_path
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -110,7 +110,7 @@ class Reinforce:
     def policy(self, deterministic: bool = True) -> ReinforcePolicy:
         return ReinforcePolicy(self.network, deterministic)
 
-    def sample_episode(self):
+    def sample_episode(self):  # pragma: no mutate block (data collection, not learning)
         policy = ReinforcePolicy(self.network, deterministic=False, seed=int(self.rng.integers(2**31)))
         prompt, seed = self.env.suite.sample(self.rng)
         lo, hi = self.config.speedup_range

@@ -25,23 +25,23 @@ class LatentFeatures:
     var: torch.Tensor  # (C, 8, 8)
 
 
-@torch.no_grad()
 def latent_features(latents: torch.Tensor) -> LatentFeatures:
     """phi(x) for a latent of shape (1, C, F, H, W) or (C, F, H, W); float32 on the latent's device."""
-    x = latents.float()
-    if x.ndim == 5:
-        if x.shape[0] != 1:
-            raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
-        x = x[0]
-    if x.ndim != 4:
-        raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
-    pooled = F.adaptive_avg_pool3d(x, POOLED_GRID)
-    time_mean = x.mean(dim=1, keepdim=True)
-    # (x - mean)^2 averaged by hand: torch's var over a middle dim is ~10x slower on CPU
-    time_var = (x - time_mean).square_().mean(dim=1)
-    mean = F.adaptive_avg_pool2d(time_mean[:, 0], TEMPORAL_GRID)
-    var = F.adaptive_avg_pool2d(time_var, TEMPORAL_GRID)
-    return LatentFeatures(pooled=pooled, mean=mean, var=var)
+    with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
+        x = latents.float()
+        if x.ndim == 5:
+            if x.shape[0] != 1:
+                raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
+            x = x[0]
+        if x.ndim != 4:
+            raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
+        pooled = F.adaptive_avg_pool3d(x, POOLED_GRID)
+        time_mean = x.mean(dim=1, keepdim=True)
+        # (x - mean)^2 averaged by hand: torch's var over a middle dim is ~10x slower on CPU
+        time_var = (x - time_mean).square_().mean(dim=1)
+        mean = F.adaptive_avg_pool2d(time_mean[:, 0], TEMPORAL_GRID)
+        var = F.adaptive_avg_pool2d(time_var, TEMPORAL_GRID)
+        return LatentFeatures(pooled=pooled, mean=mean, var=var)
 
 
 def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:

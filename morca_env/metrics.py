@@ -84,21 +84,21 @@ class Lpips:
             self.model = lpips.LPIPS(net="alex", verbose=False).to(device).eval()
         self.device = torch.device(device)
 
-    @torch.no_grad()
     def __call__(self, video: torch.Tensor, reference: torch.Tensor, batch_size: int = 16) -> float:
-        _check_pair(video, reference)
-        preds, target = _frames(video) * 2 - 1, _frames(reference) * 2 - 1
-        side = min(preds.shape[-2:])
-        if side < self.MIN_SIDE:  # AlexNet's pooling needs >= ~32 px; tiny videos are upsampled
-            size = [round(s * self.MIN_SIDE / side) for s in preds.shape[-2:]]
-            preds, target = (torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
-                             for x in (preds, target))
-        scores = []
-        for start in range(0, preds.shape[0], batch_size):
-            p = preds[start:start + batch_size].to(self.device)
-            t = target[start:start + batch_size].to(self.device)
-            scores.append(self.model(p, t).flatten().cpu())
-        return float(torch.cat(scores).mean())
+        with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
+            _check_pair(video, reference)
+            preds, target = _frames(video) * 2 - 1, _frames(reference) * 2 - 1
+            side = min(preds.shape[-2:])
+            if side < self.MIN_SIDE:  # AlexNet's pooling needs >= ~32 px; tiny videos are upsampled
+                size = [round(s * self.MIN_SIDE / side) for s in preds.shape[-2:]]
+                preds, target = (torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+                                 for x in (preds, target))
+            scores = []
+            for start in range(0, preds.shape[0], batch_size):
+                p = preds[start:start + batch_size].to(self.device)
+                t = target[start:start + batch_size].to(self.device)
+                scores.append(self.model(p, t).flatten().cpu())
+            return float(torch.cat(scores).mean())
 
 
 def video_metrics(video: torch.Tensor, reference: torch.Tensor, lpips_model: Lpips | None = None) -> dict[str, float]:

@@ -140,13 +140,13 @@ class StepDistanceTracker:
         self.distance = self.accumulated = self._since_recompute = 0.0
         self._previous = None
 
-    @torch.no_grad()
     def observe(self, signal_input: torch.Tensor, sigma: float) -> float:
-        filtered = sea_filter(signal_input, sigma, signal_axes(self.kind), self.power_exp)
-        self.distance = 0.0 if self._previous is None else relative_l1(filtered, self._previous)
-        self._previous = filtered
-        self.accumulated = self._since_recompute + self.distance
-        return self.distance
+        with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
+            filtered = sea_filter(signal_input, sigma, signal_axes(self.kind), self.power_exp)
+            self.distance = 0.0 if self._previous is None else relative_l1(filtered, self._previous)
+            self._previous = filtered
+            self.accumulated = self._since_recompute + self.distance
+            return self.distance
 
     def record(self, action: int) -> None:
         self._since_recompute = 0.0 if action == 0 else self.accumulated

@@ -120,3 +120,87 @@ def test_experts_have_separate_caches(wan22_pipe):
     assert den.cache_valid(switch + 1)
     assert den.caches[0].call_counts != den.caches[1].call_counts
     den.close()
+
+
+class BlockStackTrace:
+    """Records, per transformer call, (CFG branch, block-stack input, block-stack output).
+
+    The branch is read from the text embeddings the pipeline passed in (not from the
+    cache's own bookkeeping), so a cache that mixes up branches cannot hide it.
+    """
+
+    def __init__(self, transformer, cond_embeds):
+        self.cond_embeds = cond_embeds
+        self.records, self._call = [], {}
+        blocks = transformer.blocks
+        self.handles = [
+            transformer.register_forward_pre_hook(self._on_call, with_kwargs=True),
+            blocks[0].register_forward_pre_hook(self._on_first),
+            blocks[-1].register_forward_hook(self._on_last),
+        ]
+
+    def _on_call(self, module, args, kwargs):
+        same = kwargs["encoder_hidden_states"].shape == self.cond_embeds.shape and torch.equal(
+            kwargs["encoder_hidden_states"].float(), self.cond_embeds.float())
+        self._call = {"branch": "cond" if same else "uncond"}
+
+    def _on_first(self, module, args):
+        self._call["input"] = args[0].detach().float().clone()
+
+    def _on_last(self, module, args, output):
+        self.records.append((self._call["branch"], self._call["input"], output.detach().float().clone()))
+
+    def take(self):
+        records, self.records = self.records, []
+        return records
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def check_each_branch_reuses_its_own_residual(den, transformers, schedule, embeds):
+    """Play `schedule`; on every reuse call the block stack must return input + that branch's last residual."""
+    traces = [BlockStackTrace(t, embeds[0]) for t in transformers]
+    residuals, reused = {}, {}
+    den.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1])
+    for action in schedule:
+        expert = den.expert_of_step[den.step_index]
+        den.step(reuse=bool(action))
+        records = [r for trace in traces for r in trace.take()]
+        assert sorted(branch for branch, _, _ in records) == ["cond", "uncond"]
+        for branch, block_input, block_output in records:
+            key = (expert, branch)
+            if action:
+                expected = block_input + residuals[key]
+                assert torch.allclose(block_output, expected, atol=1e-5), f"{key} reused a foreign residual"
+                reused[key] = reused.get(key, 0) + 1
+            else:
+                residuals[key] = block_output - block_input
+    for trace in traces:
+        trace.remove()
+    for expert in {e for e, _ in residuals}:
+        cond, uncond = residuals[(expert, "cond")], residuals[(expert, "uncond")]
+        # the branches' residuals differ far beyond the tolerance: a swapped residual would fail above
+        assert (cond - uncond).abs().max() > 1e-2, expert
+    return reused
+
+
+def test_each_cfg_branch_reuses_its_own_residual_wan21(wan21_pipe):
+    den = StepwiseDenoiser(wan21_pipe, CFG)
+    embeds = prompt_embeds()
+    reused = check_each_branch_reuses_its_own_residual(den, [wan21_pipe.transformer], [0, 1, 0, 1, 1, 0, 1, 0], embeds)
+    assert reused == {(0, "cond"): 4, (0, "uncond"): 4}
+    den.close()
+
+
+def test_each_cfg_branch_reuses_its_own_residual_on_both_wan22_experts(wan22_pipe):
+    den = StepwiseDenoiser(wan22_pipe, replace(CFG, guidance_scale_2=3.0, num_inference_steps=16))
+    switch = den.expert_switch_step
+    assert 2 < switch < 14
+    schedule = [int(i not in (0, switch, 15) and i % 3 != 0) for i in range(16)]
+    embeds = prompt_embeds()
+    reused = check_each_branch_reuses_its_own_residual(
+        den, [wan22_pipe.transformer, wan22_pipe.transformer_2], schedule, embeds)
+    assert set(reused) == {(0, "cond"), (0, "uncond"), (1, "cond"), (1, "uncond")}
+    den.close()

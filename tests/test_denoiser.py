@@ -50,10 +50,16 @@ def test_reuse_changes_result_and_needs_a_cache(wan21_pipe):
         den.step(reuse=True)
 
 
-def test_decode_and_errors(wan21_pipe):
-    den = run_denoiser(wan21_pipe, DenoiserConfig(**CFG), 0, prompt_embeds())
+def test_decode_matches_wan_pipeline_video_and_errors(wan21_pipe):
+    """decode() gives the frames WanPipeline itself outputs (latent de-normalisation, VAE, [-1, 1] -> [0, 1])."""
+    embeds = prompt_embeds(seed=2)
+    expected = wan21_pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], guidance_scale=5.0,
+                          output_type="pt", generator=torch.Generator().manual_seed(3), height=32, width=32,
+                          num_frames=9, num_inference_steps=12).frames[0]  # (F, 3, H, W) in [0, 1]
+    den = run_denoiser(wan21_pipe, DenoiserConfig(guidance_scale=5.0, **CFG), 3, embeds)
     video = den.decode()
-    assert video.shape == (9, 32, 32, 3) and 0.0 <= video.min() and video.max() <= 1.0
+    assert video.shape == (9, 32, 32, 3)
+    assert 0.05 < float(video.std()) and (video - expected.permute(0, 2, 3, 1)).abs().max().item() <= 1e-5
     with pytest.raises(RuntimeError, match="no denoising step left"):
         den.step(reuse=False)
     with pytest.raises(ValueError, match="no text encoder"):

@@ -2,13 +2,12 @@ import pytest
 import torch
 from diffusers import SeaCacheConfig
 
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-from morca_env.signals import (StepDistanceTracker, official_signal_input, relative_l1, sea_filter,
-                               seacache_reuses)
+from morca_env.env import MorcaEnv
+from morca_env.policies import SeaCacheThreshold
+from morca_env.signals import StepDistanceTracker, official_signal_input, relative_l1, sea_filter
 from tests.conftest import make_pipe
 
 N = 20
-CFG = DenoiserConfig(num_inference_steps=N, height=32, width=32, num_frames=9, max_sequence_length=8)
 
 
 def reference_filter(x, sigma, axes, p=3.0):
@@ -34,9 +33,18 @@ def test_sea_filter_matches_formula(shape, axes, sigma):
     assert torch.allclose(ours.double(), reference_filter(x, sigma, axes), rtol=1e-4, atol=1e-5)
 
 
-def diffusers_schedule(pipe, threshold):
-    pipe.transformer.enable_cache(SeaCacheConfig(threshold=threshold, residual_order=0, max_consecutive_cached=0,
-                                                 retention_steps=1, cache_end_steps=1))
+def official_indicator(module, args, kwargs):
+    """diffusers' `raw_vision_callback` for the official signal: block 0's modulated input, as (D, F', H', W')."""
+    u = official_signal_input(module, kwargs["hidden_states"], kwargs["timestep"])
+    return [item.movedim(-1, 0) for item in u.unbind(0)]
+
+
+def diffusers_schedule(pipe, threshold, signal):
+    """The schedule diffusers' own SeaCache runs, set to the official rule: reuse the last residual
+    (order 0), no cap on consecutive reuses, first and last steps forced, power 3, our signal."""
+    pipe.transformer.enable_cache(SeaCacheConfig(
+        threshold=threshold, residual_order=0, max_consecutive_cached=0, retention_steps=1, cache_end_steps=1,
+        power_exp=3.0, raw_vision_callback=official_indicator if signal == "official" else None))
     calls, schedule = [], []
     handle = pipe.transformer.blocks[0].attn1.register_forward_hook(lambda *_: calls.append(1))
 
@@ -45,37 +53,37 @@ def diffusers_schedule(pipe, threshold):
         calls.clear()
         return {}
 
-    pipe(prompt="a red ball", height=32, width=32, num_frames=9, num_inference_steps=N, output_type="latent",
-         max_sequence_length=8, generator=torch.Generator().manual_seed(0), callback_on_step_end=on_step_end)
+    pipe(prompt="a red ball", negative_prompt="", guidance_scale=5.0, height=32, width=32, num_frames=9,
+         num_inference_steps=N, output_type="latent", max_sequence_length=512,
+         generator=torch.Generator().manual_seed(0), callback_on_step_end=on_step_end)
     handle.remove()
     pipe.transformer.disable_cache()
     return schedule
 
 
-def our_schedule(pipe, threshold):
-    den = StepwiseDenoiser(pipe, CFG)
-    tracker = StepDistanceTracker("latent")
-    den.start(prompt="a red ball", seed=0)
-    schedule = []
-    while not den.done:
-        i = den.step_index
-        tracker.observe(den.latents, den.sigma(i))
-        action = int(i not in (0, N - 1) and seacache_reuses(tracker.accumulated, threshold))
-        tracker.record(action)
-        den.step(reuse=bool(action))
-        schedule.append(action)
-    den.close()
-    return schedule
+def shipped_schedule(env, delta):
+    """The shipped `SeaCacheThreshold` scheduler played in MorcaEnv (budget-free: only forced steps bind)."""
+    policy = SeaCacheThreshold(delta)
+    obs, info = env.reset(options={"prompt": "a red ball", "seed": 0})
+    policy.reset(obs, info)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy(obs))
+        assert not info["projected"]
+    return info["schedule"]
 
 
-def test_latent_signal_threshold_rule_matches_diffusers_seacache():
+@pytest.mark.parametrize("signal,thresholds", [("official", (0.1, 0.2, 0.4, 0.8)), ("latent", (0.1, 0.2, 0.4, 0.8))])
+def test_seacache_threshold_scheduler_matches_diffusers_seacache(signal, thresholds, tmp_path):
     pipe = make_pipe("wan21", with_text_encoder=True, with_vae=True, vocabulary=["red", "ball"])
-    schedules = set()
-    for threshold in (0.1, 0.2, 0.4, 0.8):
-        ours = our_schedule(pipe, threshold)
-        assert ours == diffusers_schedule(pipe, threshold), threshold
-        schedules.add(tuple(ours))
-    assert len(schedules) >= 3
+    expected = {delta: diffusers_schedule(pipe, delta, signal) for delta in thresholds}
+    env = MorcaEnv("wan21", pipeline=pipe, signal=signal, enforce_budget=False, budget=0, num_inference_steps=N,
+                   height=32, width=32, num_frames=9, reference_cache_dir=str(tmp_path), lpips=False)
+    assert env.config.guidance_scale == 5.0 and env.config.max_sequence_length == 512
+    for delta in thresholds:
+        assert shipped_schedule(env, delta) == expected[delta], delta
+    env.close()
+    assert len({tuple(s) for s in expected.values()}) >= 3  # the thresholds give different schedules
 
 
 def test_official_signal_is_block0_modulated_input(wan21_pipe):
