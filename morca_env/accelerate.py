@@ -30,7 +30,7 @@ from diffusers.hooks.hooks import BaseState, StateManager
 
 from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
 from .cache import ResidualCache
-from .observation import ObservationBuilder
+from .observation import ObservationBuilder, parse_action
 from .signals import official_signal_input
 
 _DECISION_HOOK = "morca_decision"
@@ -104,7 +104,7 @@ class _Run:
         if step == 0:
             self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
                                     "budget": self.budget, "target_speedup": None})
-        executed, projected = self.builder.project(int(self.policy(obs)), step, valid)
+        executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
         self.builder.record(step, executed)
         cache.reuse = bool(executed)
         self.result.schedule.append(executed)
