@@ -66,6 +66,8 @@ class CollectionRecipe:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if isinstance(self.num_episodes, bool) or not isinstance(self.num_episodes, int) or self.num_episodes < 1:
             raise ValueError(f"num_episodes={self.num_episodes!r} must be a positive integer")
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs={self.env_kwargs!r} must be a dict of MorcaEnv arguments")
         if self.feature_dtype not in ("float16", "float32"):
             raise ValueError(f"feature_dtype={self.feature_dtype!r}; valid: float16, float32")
 
@@ -328,6 +330,13 @@ def dataset_spaces(env, feature_dtype: str):
     return gym.spaces.Dict(spaces), env.action_space
 
 
+def _copy(value, default):
+    """A dict argument copied (None: `default`); anything else is left for the recipe to refuse."""
+    if value is None:
+        return dict(default)
+    return dict(value) if isinstance(value, dict) else value
+
+
 def collect_dataset(
     dataset_id: str,
     env_id: str,
@@ -357,12 +366,18 @@ def collect_dataset(
 
     if recipe is None:
         recipe = CollectionRecipe(dataset_id=dataset_id, env_id=env_id, num_episodes=num_episodes,
-                                  env_kwargs=dict(env_kwargs or {}), behavior=behavior if isinstance(behavior, str) else
-                                  dict(behavior or {"name": "threshold-curve"}),
+                                  env_kwargs=_copy(env_kwargs, {}),
+                                  behavior=_copy(behavior, {"name": "threshold-curve"}),
                                   seed=seed, feature_dtype=feature_dtype, description=description, author=author,
                                   code_permalink=code_permalink)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} must be a positive integer")
+    for name, count in (("workers", workers), ("threads", threads)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name}={count!r} must be a positive integer")
+    import morca_env  # noqa: F401  (registers the envs)
+
+    if recipe.env_id not in gym.registry:
+        raise ValueError(f"env_id={recipe.env_id!r} is not registered; valid: "
+                         f"{', '.join(k for k in gym.registry if k.startswith('Morca'))}")
     final = minari_root() / recipe.dataset_id
     if (final / "data").exists() and not overwrite:
         existing = minari.load_dataset(recipe.dataset_id)

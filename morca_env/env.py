@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import asdict, replace
@@ -164,8 +165,16 @@ class MorcaEnv(gym.Env):
         render_mode: str | None = None,
     ):
         super().__init__()
-        if not isinstance(latent_features, (bool, np.bool_)):
-            raise TypeError(f"latent_features={latent_features!r} must be True or False")
+        for name, flag in (("latent_features", latent_features), ("lpips", lpips), ("enforce_budget", enforce_budget)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}={flag!r} must be True or False")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise TypeError(f"negative_prompt={negative_prompt!r} must be a string")
+        if reference_cache_dir is not None and not isinstance(reference_cache_dir, (str, os.PathLike)):
+            raise TypeError(f"reference_cache_dir={reference_cache_dir!r} must be a directory path")
+        if calibration is not None and not isinstance(calibration, (str, os.PathLike, SpeedupCalibration)):
+            raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON "
+                            "path or a SpeedupCalibration")
         self.latent_features = bool(latent_features)
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
@@ -215,6 +224,8 @@ class MorcaEnv(gym.Env):
                              f"(steps {sorted(self.budget_spec.forced)} always recompute); valid: "
                              f">= {len(self.budget_spec.forced) + 1}")
         self._check_video_shape()
+        if isinstance(calibration, os.PathLike):
+            calibration = str(calibration)
         if isinstance(calibration, str):  # a registered model name or a calibration file
             calibration = (SpeedupCalibration.from_json(calibration) if Path(calibration).is_file()
                            else load_calibration(calibration, self.num_steps, self.budget_spec.max_budget))
