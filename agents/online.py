@@ -23,6 +23,7 @@ from tqdm import tqdm
 from morca_env.io import atomic_path, atomic_write_text
 from morca_env.rollout import rollout as play
 
+from .checkpoint import load_learnable, save_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
@@ -126,10 +127,8 @@ class OnlineTrainer:
         found = self.checkpoints.latest()
         if found is None:
             return
-        import d3rlpy
-
         path, state = found
-        self.algo.copy_weights_from(d3rlpy.load_learnable(str(path)))
+        self.algo.copy_weights_from(load_learnable(path))
         self.start_round = state["index"] + 1
         self.history = state.get("history", [])
         self.rng = np.random.default_rng([self.config.seed, self.start_round])
@@ -180,7 +179,6 @@ class OnlineTrainer:
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
         final = self.run_dir / "final.d3"
-        with atomic_path(final) as tmp:
-            self.algo.save(str(tmp))
+        save_learnable(self.algo, final)
         return self.history
 

@@ -38,11 +38,11 @@ class MorcaPolicy:
 
     @classmethod
     def load(cls, path, device: str = "cpu", deterministic: bool = True) -> "MorcaPolicy":
-        import d3rlpy
-
         import agents  # noqa: F401  (registers our config and encoder with d3rlpy)
 
-        return cls(d3rlpy.load_learnable(str(path), device=device), deterministic)
+        from .checkpoint import load_learnable
+
+        return cls(load_learnable(path, device=device), deterministic)
 
     def reset(self, obs, info) -> None:
         # latent features of a noisy latent are never all zero: zeros mean MorcaEnv(latent_features=False)

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from morca_env.io import atomic_path, atomic_write_text
+from morca_env.io import atomic_write_text
+
+from .checkpoint import load_torch, save_torch
 
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
@@ -60,7 +62,7 @@ class ReinforcePolicy:
 
     @classmethod
     def load(cls, path, deterministic: bool = True) -> "ReinforcePolicy":  # pragma: no mutate block (I/O, not learning)
-        state = torch.load(path, weights_only=False)
+        state = load_torch(path)
         network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
         network.load_state_dict(state["network"])
         return cls(network.eval(), deterministic)
@@ -90,7 +92,7 @@ class Reinforce:
     def _resume(self) -> None:  # pragma: no mutate block (I/O, not learning)
         if not self.checkpoint_path.exists():
             return
-        state = torch.load(self.checkpoint_path, weights_only=False)
+        state = load_torch(self.checkpoint_path)
         self.network.load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.baseline, self.episodes_done, self.history = state["baseline"], state["episodes_done"], state["history"]
@@ -103,9 +105,7 @@ class Reinforce:
         state = {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "baseline": self.baseline, "episodes_done": self.episodes_done, "history": self.history,
                  "channels": self.channels, "config": asdict(self.config)}
-        with atomic_path(path) as tmp:
-            torch.save(state, tmp)
-        return path
+        return save_torch(state, path)
 
     def policy(self, deterministic: bool = True) -> ReinforcePolicy:
         return ReinforcePolicy(self.network, deterministic)

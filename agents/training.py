@@ -11,7 +11,9 @@ from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 from tqdm import tqdm
 
 from morca_env.data import transition_picker
-from morca_env.io import atomic_path, atomic_write_text
+from morca_env.io import atomic_write_text
+
+from .checkpoint import save_learnable
 
 from morca_env.observation import OBS_KEYS, as_tuple
 
@@ -55,7 +57,7 @@ def steps_per_epoch(buffer: ReplayBuffer, batch_size: int, cap: int | None = Non
 
 
 class CheckpointDir:
-    """`<dir>/checkpoints/<name>.d3` written atomically, and `latest.json` naming the last complete one."""
+    """`<dir>/checkpoints/<name>.d3` written atomically with its checksum, and `latest.json` naming the last complete one."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
@@ -63,8 +65,7 @@ class CheckpointDir:
 
     def save(self, algo, index: int, state: dict | None = None) -> Path:
         path = self.directory / "checkpoints" / f"{index:04d}.d3"
-        with atomic_path(path) as tmp:
-            algo.save(str(tmp))
+        save_learnable(algo, path)
         atomic_write_text(self.directory / "latest.json", json.dumps({"index": index, "path": str(path.name),
                                                                       **(state or {})}) + "\n")
         return path

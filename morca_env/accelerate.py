@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,8 +31,8 @@ from diffusers.hooks.hooks import BaseState, StateManager
 
 from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
 from .cache import ResidualCache
-from .observation import ObservationBuilder
-from .signals import official_signal_input
+from .observation import ObservationBuilder, parse_action
+from .signals import SIGNAL_KINDS, official_signal_input
 
 _DECISION_HOOK = "morca_decision"
 
@@ -104,7 +105,7 @@ class _Run:
         if step == 0:
             self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
                                     "budget": self.budget, "target_speedup": None})
-        executed, projected = self.builder.project(int(self.policy(obs)), step, valid)
+        executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
         self.builder.record(step, executed)
         cache.reuse = bool(executed)
         self.result.schedule.append(executed)
@@ -142,9 +143,21 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     if (speedup is None) == (budget is None):
         raise ValueError(f"pass exactly one of speedup or budget (got speedup={speedup!r}, budget={budget!r})")
     num_steps = call_kwargs.get("num_inference_steps", 50)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_inference_steps={num_steps!r} must be a positive integer")
+    if signal not in SIGNAL_KINDS:
+        raise ValueError(f"signal={signal!r}; valid: {SIGNAL_KINDS}")
+    if not (callable(policy) and callable(getattr(policy, "reset", None))):
+        raise TypeError(f"policy={policy!r} must have reset(obs, info) and __call__(obs) -> action, "
+                        "like morca_env.policies or agents.MorcaPolicy")
+    if not isinstance(calibration, (str, SpeedupCalibration)):
+        raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path or "
+                        "a SpeedupCalibration")
     spec = BudgetSpec(num_steps, forced_recompute_steps(num_steps, _switch_step(pipe, num_steps)))
     if budget is None:
-        if isinstance(calibration, str):
+        if isinstance(calibration, str) and Path(calibration).is_file():
+            calibration = SpeedupCalibration.from_json(calibration)
+        elif isinstance(calibration, str):
             from .models.presets import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)

@@ -72,7 +72,7 @@ class BudgetSpec:
 
     def check_budget(self, budget: int) -> int:
         if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
-            raise TypeError(f"budget={budget!r} must be an integer number of reuse steps")
+            raise TypeError(f"budget={budget!r} must be an integer number of reuse steps in [0, {self.max_budget}]")
         if not 0 <= budget <= self.max_budget:
             raise ValueError(
                 f"budget K={budget} is outside the feasible range [0, {self.max_budget}] "
@@ -215,7 +215,8 @@ class SpeedupCalibration:
 
     def check_speedup(self, speedup: float) -> float:
         if isinstance(speedup, (bool, np.bool_)) or not isinstance(speedup, (int, float, np.floating, np.integer)):
-            raise TypeError(f"speedup={speedup!r} must be a number")
+            lo, hi = self.speedup_range
+            raise TypeError(f"speedup={speedup!r} must be a number in [{lo:.2f}, {hi:.2f}]")
         lo, hi = self.speedup_range
         if not (math.isfinite(speedup) and lo <= speedup <= hi):
             raise ValueError(

@@ -33,7 +33,9 @@ from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text
 from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
+from .policies import ALIASES, SCHEDULERS
 
+BEHAVIORS = tuple(sorted(SCHEDULERS) + sorted(ALIASES))  # any scheduler of the registry
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
 
 
@@ -55,8 +57,18 @@ class CollectionRecipe:
     algorithm_name: str = "threshold-curve SeaCache (MORCA App. B.3)"
 
     def __post_init__(self):
+        check_dataset_id(self.dataset_id)
+        if isinstance(self.behavior, str):
+            self.behavior = {"name": self.behavior}
+        if not isinstance(self.behavior, dict) or self.behavior.get("name") not in BEHAVIORS:
+            raise ValueError(f"behavior={self.behavior!r}; valid: a behaviour name ({', '.join(BEHAVIORS)}) or a "
+                             "dict {'name': <name>, **options}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if isinstance(self.num_episodes, bool) or not isinstance(self.num_episodes, int) or self.num_episodes < 1:
             raise ValueError(f"num_episodes={self.num_episodes!r} must be a positive integer")
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs={self.env_kwargs!r} must be a dict of MorcaEnv arguments")
         if self.feature_dtype not in ("float16", "float32"):
             raise ValueError(f"feature_dtype={self.feature_dtype!r}; valid: float16, float32")
 
@@ -68,6 +80,20 @@ class CollectionRecipe:
         """The fields that must match for a resumed collection to continue the same data."""
         return {"env_id": self.env_id, "env_kwargs": self.env_kwargs, "behavior": self.behavior, "seed": self.seed,
                 "feature_dtype": self.feature_dtype}
+
+
+def check_dataset_id(dataset_id) -> str:
+    """Refuse an id Minari cannot build before any episode is collected for it."""
+    from minari.utils import parse_dataset_id
+
+    try:
+        namespace, name, version = parse_dataset_id(dataset_id)
+    except Exception:
+        namespace = name = version = None
+    if not isinstance(dataset_id, str) or name is None or version is None:
+        raise ValueError(f"dataset_id={dataset_id!r} is not a Minari dataset id; valid: "
+                         "'<namespace>/<name>-v<version>', e.g. 'morca/tiny/random-v0'")
+    return dataset_id
 
 
 def staging_root() -> Path:
@@ -158,19 +184,60 @@ def completed_indices(staging: Path, num_episodes: int) -> set[int]:
 
 
 # ------------------------------------------------------------------ workers
-def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict) -> None:
-    import torch
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this worker when the collecting process dies, even by SIGKILL (no orphans running on)."""
+    import signal
+    import sys
+    import threading
 
-    import morca_env  # noqa: F401  (registers the envs in a spawned process)
+    if sys.platform.startswith("linux"):
+        import ctypes
 
-    torch.set_num_threads(threads)
-    recipe = CollectionRecipe(**recipe_dict)
-    env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
-    for index in indices:
-        policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
-        episode = run_episode(env, policy, index, recipe)
-        write_episode(Path(staging), index, episode)
-    env.close()
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    else:
+        def watch():
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+
+
+def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict,
+            parent_pid: int) -> None:
+    _exit_with_parent(parent_pid)
+    try:
+        import torch
+
+        import morca_env  # noqa: F401  (registers the envs in a spawned process)
+
+        torch.set_num_threads(threads)
+        recipe = CollectionRecipe(**recipe_dict)
+        env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
+        for index in indices:
+            policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
+            episode = run_episode(env, policy, index, recipe)
+            write_episode(Path(staging), index, episode)
+        env.close()
+    except BaseException:  # the parent reports it: a worker's stderr may not reach the user
+        import traceback
+
+        atomic_write_text(_errors_dir(Path(staging)) / f"worker-{os.getpid()}.txt", traceback.format_exc())
+        raise
+
+
+def _errors_dir(staging: Path) -> Path:
+    return staging / "worker-errors"
+
+
+def _worker_errors(staging: Path) -> list[str]:
+    """The last line (the exception) of each failed worker's traceback, then the first traceback whole."""
+    files = sorted(_errors_dir(staging).glob("worker-*.txt"))
+    texts = [f.read_text() for f in files]
+    return [t.strip().splitlines()[-1] for t in texts if t.strip()] + texts[:1]
 
 
 def _worker_start_method(threads: int) -> str:
@@ -203,8 +270,9 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
         env.close()
     else:
         ctx = mp.get_context(_worker_start_method(threads))
-        procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides),
-                             daemon=True) for shard in shards if shard]
+        shutil.rmtree(_errors_dir(staging), ignore_errors=True)
+        procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides,
+                                                   os.getpid()), daemon=True) for shard in shards if shard]
         for p in procs:
             p.start()
         try:
@@ -220,8 +288,11 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
                 p.join()
         failed = [p.exitcode for p in procs if p.exitcode != 0]
         if failed:
-            raise RuntimeError(f"{len(failed)} collection worker(s) failed (exit codes {failed}); "
-                               "rerun with resume=True to continue")
+            errors = _worker_errors(staging)
+            summary = "; ".join(sorted(set(errors[:-1]))) if errors else "no error was recorded"
+            raise RuntimeError(f"{len(failed)} collection worker(s) failed (exit codes {failed}): {summary}; "
+                               "rerun with resume=True to continue" + (f"\n\nfirst worker's traceback:\n{errors[-1]}"
+                                                                       if errors else ""))
         bar.n = len(completed_indices(staging, recipe.num_episodes))
         bar.refresh()
     bar.close()
@@ -237,12 +308,19 @@ def dataset_spaces(env, feature_dtype: str):
     return gym.spaces.Dict(spaces), env.action_space
 
 
+def _copy(value, default):
+    """A dict argument copied (None: `default`); anything else is left for the recipe to refuse."""
+    if value is None:
+        return dict(default)
+    return dict(value) if isinstance(value, dict) else value
+
+
 def collect_dataset(
     dataset_id: str,
     env_id: str,
     num_episodes: int,
     env_kwargs: dict | None = None,
-    behavior: dict | None = None,
+    behavior: dict | str | None = None,
     *,
     resume: bool = True,
     overwrite: bool = False,
@@ -266,11 +344,18 @@ def collect_dataset(
 
     if recipe is None:
         recipe = CollectionRecipe(dataset_id=dataset_id, env_id=env_id, num_episodes=num_episodes,
-                                  env_kwargs=dict(env_kwargs or {}), behavior=dict(behavior or {"name": "threshold-curve"}),
+                                  env_kwargs=_copy(env_kwargs, {}),
+                                  behavior=_copy(behavior, {"name": "threshold-curve"}),
                                   seed=seed, feature_dtype=feature_dtype, description=description, author=author,
                                   code_permalink=code_permalink)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} must be a positive integer")
+    for name, count in (("workers", workers), ("threads", threads)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name}={count!r} must be a positive integer")
+    import morca_env  # noqa: F401  (registers the envs)
+
+    if recipe.env_id not in gym.registry:
+        raise ValueError(f"env_id={recipe.env_id!r} is not registered; valid: "
+                         f"{', '.join(k for k in gym.registry if k.startswith('Morca'))}")
     final = minari_root() / recipe.dataset_id
     if (final / "data").exists() and not overwrite:
         existing = minari.load_dataset(recipe.dataset_id)
@@ -284,7 +369,8 @@ def collect_dataset(
     identity = json.dumps(recipe.identity(), sort_keys=True)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
-    if identity_file.exists() and identity_file.read_text() != identity:
+    if identity_file.exists() and identity_file.read_text() != identity and \
+            completed_indices(staging, recipe.num_episodes):
         raise ValueError(f"staging dir {staging} holds episodes of a different recipe; "
                          "use resume=False to discard them or another dataset_id")
     (staging / "episodes").mkdir(parents=True, exist_ok=True)
@@ -340,21 +426,15 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(build_root)
     try:
-        minari.create_dataset_from_buffers(
-            dataset_id=recipe.dataset_id, buffer=buffers, env=env_spec, eval_env=eval_spec,
-            algorithm_name=recipe.algorithm_name, author=recipe.author, code_permalink=recipe.code_permalink,
-            observation_space=observation_space, action_space=action_space,
-            description=(recipe.description or f"{recipe.num_episodes} {recipe.env_id} episodes") +
-            f"\n\nrecipe: {json.dumps(recipe.__dict__, sort_keys=True)}",
-            data_format="hdf5", jpeg_encoding=False, requirements=None)
+        _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root)
+    except BaseException:
+        shutil.rmtree(build_root, ignore_errors=True)
+        raise
     finally:
         if previous is None:
             os.environ.pop("MINARI_DATASETS_PATH", None)
         else:
             os.environ["MINARI_DATASETS_PATH"] = previous
-    built = build_root / recipe.dataset_id
-    _add_metadata(built, {"morca_recipe": json.dumps(recipe.__dict__, sort_keys=True),
-                          "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True)})
     final = root / recipe.dataset_id
     final.parent.mkdir(parents=True, exist_ok=True)
     namespace = minari.utils.parse_dataset_id(recipe.dataset_id)[0]
@@ -367,11 +447,26 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
             raise FileExistsError(f"dataset {recipe.dataset_id!r} already exists at {final}; pass overwrite=True")
         old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
         final.rename(old)
-    built.rename(final)
+    (build_root / recipe.dataset_id).rename(final)
     shutil.rmtree(build_root, ignore_errors=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return minari.load_dataset(recipe.dataset_id)
+
+
+def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root: Path) -> None:
+    """The Minari dataset in `build_root` (MINARI_DATASETS_PATH points there), with our recipe in its metadata."""
+    import minari
+
+    minari.create_dataset_from_buffers(
+        dataset_id=recipe.dataset_id, buffer=buffers, env=env_spec, eval_env=eval_spec,
+        algorithm_name=recipe.algorithm_name, author=recipe.author, code_permalink=recipe.code_permalink,
+        observation_space=observation_space, action_space=action_space,
+        description=(recipe.description or f"{recipe.num_episodes} {recipe.env_id} episodes") +
+        f"\n\nrecipe: {json.dumps(recipe.__dict__, sort_keys=True)}",
+        data_format="hdf5", jpeg_encoding=False, requirements=None)
+    _add_metadata(build_root / recipe.dataset_id, {"morca_recipe": json.dumps(recipe.__dict__, sort_keys=True),
+                                                   "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True)})
 
 
 def _add_metadata(dataset_dir: Path, extra: dict) -> None:
@@ -421,14 +516,15 @@ def transition_picker(n_step: int = 1):
     return BasicTransitionPicker() if n_step == 1 else MultiStepTransitionPicker(n_steps=n_step, gamma=1.0)
 
 
-def to_replay_buffer(dataset, observation: str = "tuple", episode_indices=None, n_step: int = 1):
+def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n_step: int = 1):
     """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset.
 
     Each episode of N steps gives N transitions: observations[0..N-1] with the
     action taken there; the final (terminal) observation is the next observation
-    of the last transition, which is `terminated`. `observation="tuple"` keeps
-    [pooled, temporal, scalars, action_mask] (for `agents.networks`), `"flat"`
-    concatenates them into one vector (any d3rlpy encoder). `n_step > 1` samples
+    of the last transition, which is `terminated`. `observation="flat"` (the
+    default) concatenates [pooled, temporal, scalars, action_mask] into one vector,
+    which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
+    arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
     n-step returns (`transition_picker`).
     """
     from d3rlpy.constants import ActionSpace

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -21,11 +23,27 @@ from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
 from .models.presets import ModelPreset, get_preset, load_calibration
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
-from .observation import SCALAR_NAMES, ObservationBuilder, observation_space  # noqa: F401 (SCALAR_NAMES re-exported)
+from .observation import SCALAR_NAMES, ObservationBuilder, observation_space, parse_action  # noqa: F401 (SCALAR_NAMES re-exported)
 from .signals import SIGNAL_KINDS, signal_input_for_step
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _LPIPS_WARNED = False
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
+
+
+def _check_device(device) -> torch.device:
+    """`device` as a torch.device that exists on this machine."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a torch device; valid: 'cpu', 'cuda', 'cuda:<index>'") from error
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device!r} but CUDA is not available on this machine; valid here: 'cpu'")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device={device!r}: this machine has {count} CUDA device(s); valid: cuda:0..cuda:{count - 1}")
+    return resolved
 
 
 def _is_number(x) -> bool:
@@ -85,7 +103,12 @@ class MorcaEnv(gym.Env):
     After N steps: `terminated=True` (never truncated). The final `info` holds
     `psnr`, `ssim`, `lpips` (when LPIPS weights are available), `schedule`,
     `num_reuse`, `budget`, `target_speedup`, `latency_s`, `reference_latency_s`
-    and `speedup` (measured, reference latency / episode latency).
+    and `speedup` = `reference_latency_s / latency_s`. `reference_latency_s` is a
+    stock (no-reuse) generation timed by this env in this process, once, on its
+    first reset (after a warm-up run when the reference came from disk); the
+    latency stored with a cached reference is never used, since it may come from
+    a cold first run or another machine. Timings drift with a machine's load:
+    `scripts/evaluate.py` times stock runs next to each prompt's episodes.
 
     ## Arguments
 
@@ -140,8 +163,16 @@ class MorcaEnv(gym.Env):
         render_mode: str | None = None,
     ):
         super().__init__()
-        if not isinstance(latent_features, (bool, np.bool_)):
-            raise TypeError(f"latent_features={latent_features!r} must be True or False")
+        for name, flag in (("latent_features", latent_features), ("lpips", lpips), ("enforce_budget", enforce_budget)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}={flag!r} must be True or False")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise TypeError(f"negative_prompt={negative_prompt!r} must be a string")
+        if reference_cache_dir is not None and not isinstance(reference_cache_dir, (str, os.PathLike)):
+            raise TypeError(f"reference_cache_dir={reference_cache_dir!r} must be a directory path")
+        if calibration is not None and not isinstance(calibration, (str, os.PathLike, SpeedupCalibration)):
+            raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON "
+                            "path or a SpeedupCalibration")
         self.latent_features = bool(latent_features)
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
@@ -165,14 +196,14 @@ class MorcaEnv(gym.Env):
         self.config: DenoiserConfig = replace(self.preset.config, **overrides)
 
         if pipeline is None:
-            self.device = torch.device(device) if device is not None else torch.device(
+            self.device = _check_device(device) if device is not None else torch.device(
                 "cuda" if self.preset.prefers_gpu and torch.cuda.is_available() else "cpu")
             self.dtype = self._resolve_dtype(dtype)
             pipeline = self.preset.load(model_id, self.device, self.dtype)
         elif not (hasattr(pipeline, "transformer") and hasattr(pipeline, "scheduler")):
             raise TypeError(f"pipeline must be a diffusers WanPipeline, got {type(pipeline).__name__}")
         else:  # an injected pipeline stays where and as it is
-            self.device = torch.device(device) if device is not None else pipeline._execution_device
+            self.device = _check_device(device) if device is not None else pipeline._execution_device
             self.dtype = pipeline.transformer.dtype
         self.pipe = pipeline
         self.model_id = model_id or getattr(pipeline, "name_or_path", None) or self.preset.model_id or self.preset.name
@@ -186,14 +217,24 @@ class MorcaEnv(gym.Env):
     def _finish_init(self, speedup, budget, calibration, enforce_budget, reference_cache_dir, lpips, signal):
         self.num_steps = self.denoiser.num_steps
         self.budget_spec = BudgetSpec(self.num_steps, forced_recompute_steps(self.num_steps, self.denoiser.expert_switch_step))
-        if isinstance(calibration, str):
-            calibration = SpeedupCalibration.from_json(calibration)
+        if self.budget_spec.max_budget < 1:
+            raise ValueError(f"num_inference_steps={self.num_steps} leaves no step that may reuse the cache "
+                             f"(steps {sorted(self.budget_spec.forced)} always recompute); valid: "
+                             f">= {len(self.budget_spec.forced) + 1}")
+        self._check_video_shape()
+        if isinstance(calibration, os.PathLike):
+            calibration = str(calibration)
+        if isinstance(calibration, str):  # a registered model name or a calibration file
+            calibration = (SpeedupCalibration.from_json(calibration) if Path(calibration).is_file()
+                           else load_calibration(calibration, self.num_steps, self.budget_spec.max_budget))
         self.calibration = calibration or load_calibration(self.preset.name, self.num_steps, self.budget_spec.max_budget)
         self.calibration = replace(self.calibration, max_budget=self.budget_spec.max_budget)
         self._speedup_spec, self._budget_default = self._validate_target(speedup, budget)
         self.enforce_budget = bool(enforce_budget)
 
         self.references = ReferenceCache(reference_cache_dir)
+        self.references.check_writable()
+        self._stock_latency_s: float | None = None
         self._fingerprint = self._pipeline_fingerprint()
         self._lpips = self._make_lpips(lpips)
         self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features)
@@ -225,6 +266,11 @@ class MorcaEnv(gym.Env):
         if speedup is None:
             lo, hi = self.preset.speedup_range
             hi = min(hi, self.calibration.speedup_range[1])
+            if lo > hi:
+                raise ValueError(f"num_inference_steps={self.num_steps}: the default speedup range "
+                                 f"{self.preset.speedup_range} is outside the feasible range "
+                                 f"[{self.calibration.speedup_range[0]:.2f}, {self.calibration.speedup_range[1]:.2f}]; "
+                                 "pass speedup= or budget= within it, or more steps")
             return (lo, hi), None
         return self._check_speedup_spec(speedup), None
 
@@ -238,6 +284,22 @@ class MorcaEnv(gym.Env):
             return (lo, hi)
         raise ValueError(f"speedup={speedup!r} must be a number or a (low, high) pair in "
                          f"[{self.calibration.speedup_range[0]:.2f}, {self.calibration.speedup_range[1]:.2f}]")
+
+    def _check_video_shape(self) -> None:
+        """height, width and num_frames must fit the VAE's and the transformer's patch factors."""
+        patch_t, patch_h, patch_w = self.denoiser.experts[0].config.patch_size
+        spatial = getattr(self.pipe, "vae_scale_factor_spatial", 1)
+        temporal = getattr(self.pipe, "vae_scale_factor_temporal", 1)
+        for name, factor in (("height", spatial * patch_h), ("width", spatial * patch_w)):
+            value = getattr(self.config, name)
+            if value % factor:
+                raise ValueError(f"{name}={value} must be a positive multiple of {factor} for this model "
+                                 f"(VAE factor {spatial} x patch {factor // spatial})")
+        frames = self.config.num_frames
+        valid = [temporal * (patch_t * k - 1) + 1 for k in range(1, 5)]  # latent frames a multiple of the patch
+        if (frames - 1) % temporal or ((frames - 1) // temporal + 1) % patch_t:
+            raise ValueError(f"num_frames={frames} does not fit this model (VAE temporal factor {temporal}, "
+                             f"temporal patch {patch_t}); valid: {', '.join(map(str, valid))}, ...")
 
     def _make_lpips(self, enabled: bool):
         global _LPIPS_WARNED
@@ -274,6 +336,7 @@ class MorcaEnv(gym.Env):
 
     # ----------------------------------------------------------------- episode
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._episode_active, self._ended = False, False  # until this reset succeeds
         super().reset(seed=seed)
         options = dict(options or {})
         unknown = set(options) - {"prompt", "seed", "speedup", "budget", "scheduler_cost_s"}
@@ -287,13 +350,14 @@ class MorcaEnv(gym.Env):
                 raise ValueError(f"options['prompt']={prompt!r} must be a non-empty string")
         if "seed" in options:
             gen_seed = options["seed"]
-            if isinstance(gen_seed, bool) or not isinstance(gen_seed, (int, np.integer)) or gen_seed < 0:
-                raise ValueError(f"options['seed']={gen_seed!r} must be a non-negative integer")
+            if isinstance(gen_seed, bool) or not isinstance(gen_seed, (int, np.integer)) or not 0 <= gen_seed <= MAX_SEED:
+                raise ValueError(f"options['seed']={gen_seed!r} must be an integer in [0, 2**63 - 1]")
         self.prompt, self.gen_seed = prompt, int(gen_seed)
         self.target_speedup, self.budget = self._episode_target(options)
 
         reference = self.references.get_or_create(self._reference_fields(), self._generate_reference)
-        self.reference_video, self.reference_latency = reference.video, reference.latency_s
+        self.reference_video = reference.video
+        self.reference_latency = self._stock_latency(reference)
 
         self.denoiser.start(prompt=self.prompt, seed=self.gen_seed)
         self.observer.reset(self.budget, self.enforce_budget)
@@ -339,6 +403,21 @@ class MorcaEnv(gym.Env):
         video = self.denoiser.generate(schedule=None, prompt=self.prompt, seed=self.gen_seed)
         return to_uint8(video), self.denoiser.elapsed_s
 
+    def _stock_latency(self, reference) -> float:
+        """Seconds of a stock (no-reuse) generation, timed in this process once per env.
+
+        The latency stored with a cached reference was taken whenever and wherever it was
+        generated (a cold first run, another machine), so it never sets `info["speedup"]`.
+        """
+        if self._stock_latency_s is None:
+            runs = 1 if reference.generated else 2  # without a fresh reference the model is still cold
+            self._stock_latency_s = min(self._timed_stock_run() for _ in range(runs))
+        return self._stock_latency_s
+
+    def _timed_stock_run(self) -> float:
+        self.denoiser.generate(schedule=None, prompt=self.prompt, seed=self.gen_seed)
+        return self.denoiser.elapsed_s
+
     def action_masks(self) -> np.ndarray:
         """The current feasible-action mask as booleans (sb3-contrib's MaskablePPO convention)."""
         return self._mask.astype(bool)
@@ -362,25 +441,14 @@ class MorcaEnv(gym.Env):
     def used(self) -> int:
         return self.observer.used
 
-    def _parse_action(self, action) -> int:
-        value = action
-        if isinstance(value, np.ndarray):
-            if value.size != 1:
-                raise ValueError(f"action={action!r} must be a single value in {{0, 1}}")
-            value = value.reshape(-1)[0]
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in (0, 1):
-            raise ValueError(f"action={action!r} is invalid; valid actions: 0 (recompute) or 1 (reuse)")
-        return int(value)
-
     def step(self, action):
         if not self._episode_active:
             if self._ended:
                 raise RuntimeError(f"step() called after the episode ended ({self.num_steps} of {self.num_steps} "
                                    "steps done); call reset() to start a new episode")
-            raise RuntimeError("step() called before reset(); call reset() first")
-        requested = self._parse_action(action)
+            raise RuntimeError("step() called without a running episode (no reset() yet, or the last one failed); "
+                               "call reset() first")
+        requested = parse_action(action)
         i = self.denoiser.step_index
         executed, projected = self.observer.project(requested, i, self.denoiser.cache_valid(i))
         self.observer.record(i, executed)

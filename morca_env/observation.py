@@ -68,6 +68,20 @@ def step_of(obs, num_steps: int) -> int:
     return int(round(num_steps * (1.0 - float(obs["scalars"][Scalar.t]))))
 
 
+def parse_action(action) -> int:
+    """A scheduler's action as 0 or 1; anything else (0.9, "1", True, 2) is an error, never coerced."""
+    value = action
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ValueError(f"action={action!r} must be a single value; valid actions: 0 (recompute) or 1 (reuse)")
+        value = value.reshape(-1)[0]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in (0, 1):
+        raise ValueError(f"action={action!r} is invalid; valid actions: 0 (recompute) or 1 (reuse)")
+    return int(value)
+
+
 class ObservationBuilder:
     """`latent_features=False` leaves `pooled` and `temporal` at zero and skips computing them:
     rule schedulers and scalar-state policies do not read them, and on a small model they are a

@@ -2,14 +2,18 @@
 
 A reference costs a full generation (minutes on a GPU for Wan), so it is made
 once and shared by every episode and env instance that points to the same
-directory. Files are written atomically; a file that is truncated, corrupt or
-for another key is detected on load, reported with a warning and regenerated.
+directory. Files are written atomically; one sha256 covers the video and every
+metadata field (latency, key, fields), so a file that is truncated, has any byte
+changed or is for another key is detected on load, reported with a warning
+naming it, and regenerated. A directory that cannot be written is reported at
+construction; references are then generated for each episode and not kept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -38,14 +42,31 @@ def reference_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _digest(video: torch.Tensor) -> str:
-    return hashlib.sha256(video.contiguous().numpy().tobytes()).hexdigest()
+def _digest(video: torch.Tensor, meta: dict[str, str]) -> str:
+    """sha256 of the video bytes, shape and dtype, and every metadata field but the digest itself."""
+    digest = hashlib.sha256(video.contiguous().numpy().tobytes())
+    digest.update(json.dumps([list(video.shape), str(video.dtype)]).encode())
+    digest.update(json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 class ReferenceCache:
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.generated = 0  # how many references this instance had to generate
+
+    def check_writable(self) -> bool:
+        """Warn (once, here) when references cannot be kept in the directory; True when they can."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.directory):
+                pass
+            return True
+        except OSError as error:
+            warnings.warn(f"reference_cache_dir {self.directory} is not writable ({error}): references will be "
+                          "regenerated for every episode; pass reference_cache_dir= or set MORCA_CACHE_DIR to a "
+                          "writable directory", stacklevel=3)
+            return False
 
     def path_for(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.safetensors"
@@ -60,8 +81,9 @@ class ReferenceCache:
 
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-            video = load_file(str(path))["video"]
-            if meta.get("key") != key or meta.get("sha256") != _digest(video):
+            tensors = load_file(str(path))
+            video = tensors["video"]
+            if set(tensors) != {"video"} or meta.get("key") != key or meta.get("sha256") != _digest(video, meta):
                 raise ValueError("checksum or key mismatch")
             return Reference(video=video, latency_s=float(meta["latency_s"]), generated=False)
         except Exception as error:  # truncated, corrupt, or foreign file
@@ -73,8 +95,9 @@ class ReferenceCache:
             raise TypeError(f"references are stored as uint8 videos, got {video.dtype}")
         key = reference_key(fields)
         path = self.path_for(key)
-        meta = {"key": key, "sha256": _digest(video), "latency_s": repr(float(latency_s)),
+        meta = {"key": key, "latency_s": repr(float(latency_s)),
                 "fields": json.dumps(fields, sort_keys=True, default=str), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        meta["sha256"] = _digest(video, meta)
         with atomic_path(path) as tmp:
             save_file({"video": video.contiguous()}, str(tmp), metadata=meta)
         return path
@@ -85,6 +108,10 @@ class ReferenceCache:
         if found is not None:
             return found
         video, latency = generate()
-        self.store(fields, video, latency)
         self.generated += 1
+        try:
+            self.store(fields, video, latency)
+        except OSError as error:  # read-only or full disk: the episode can still use the video
+            warnings.warn(f"could not store the reference in {self.directory} ({error}); it is used for this "
+                          "episode only", stacklevel=2)
         return Reference(video=video, latency_s=latency, generated=True)

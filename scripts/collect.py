@@ -14,36 +14,66 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 from morca_env.data import CollectionRecipe, collect_dataset
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (valid: 1, 2, ...)")
+    return value
+
+
+def recipe_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"recipe {text!r} is not a file; valid: a JSON recipe such as "
+                                         "datasets/morca/tiny/random-v0.json")
+    return path
+
+
+def json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error}); valid: a JSON object of env kwargs")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of env kwargs")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("recipe", type=Path, help="a JSON recipe from datasets/")
-    p.add_argument("--episodes", type=int, help="override the recipe's episode count")
+    p.add_argument("recipe", type=recipe_file, help="a JSON recipe from datasets/")
+    p.add_argument("--episodes", type=positive_int, help="override the recipe's episode count")
     p.add_argument("--dataset-id", help="override the dataset id (e.g. for a small test build)")
-    p.add_argument("--workers", type=int, default=1, help="parallel processes, one episode stream each")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--workers", type=positive_int, default=1, help="parallel processes, one episode stream each")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue after the last complete episode (default); --no-resume starts over")
     p.add_argument("--overwrite", action="store_true", help="replace a finished dataset with the same id")
     p.add_argument("--reference-cache-dir", help="where no-cache reference videos are kept")
-    p.add_argument("--env-kwargs", default=None, help="JSON dict merged into the recipe's env kwargs")
+    p.add_argument("--env-kwargs", type=json_dict, default=None, help="JSON dict merged into the recipe's env kwargs")
     args = p.parse_args(argv)
-    recipe = CollectionRecipe.from_file(args.recipe)
-    changes = {}
-    if args.episodes is not None:
-        changes["num_episodes"] = args.episodes
-    if args.dataset_id:
-        changes["dataset_id"] = args.dataset_id
-    if args.env_kwargs:
-        import json
-
-        changes["env_kwargs"] = {**recipe.env_kwargs, **json.loads(args.env_kwargs)}
-    recipe = dataclasses.replace(recipe, **changes)
+    try:
+        recipe = CollectionRecipe.from_file(args.recipe)
+        changes = {}
+        if args.episodes is not None:
+            changes["num_episodes"] = args.episodes
+        if args.dataset_id:
+            changes["dataset_id"] = args.dataset_id
+        if args.env_kwargs:
+            changes["env_kwargs"] = {**recipe.env_kwargs, **args.env_kwargs}
+        recipe = dataclasses.replace(recipe, **changes)
+    except (ValueError, TypeError) as error:  # json.JSONDecodeError is a ValueError
+        p.error(f"recipe {args.recipe}: {error}")
     overrides = {"reference_cache_dir": args.reference_cache_dir} if args.reference_cache_dir else {}
     dataset = collect_dataset(recipe.dataset_id, recipe.env_id, recipe.num_episodes, recipe=recipe,
                               resume=args.resume, overwrite=args.overwrite, workers=args.workers,

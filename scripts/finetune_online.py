@@ -24,6 +24,7 @@ import minari
 
 import agents  # noqa: F401
 import morca_env  # noqa: F401
+from agents.checkpoint import load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     if prompts:
         env_kwargs["prompts"] = prompts
     env = gym.make(args.env, lpips=False, **env_kwargs)
-    offline = None if args.from_scratch else d3rlpy.load_learnable(str(args.offline), device=args.device)
+    offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
     buffer = None
     if args.dataset and not args.from_scratch:
         dataset = minari.load_dataset(args.dataset)

@@ -6,7 +6,8 @@
 
 Writes `<run-dir>/checkpoints/NNNN.d3` every epoch (with `latest.json`),
 TensorBoard logs in `<run-dir>/tb`, and `<run-dir>/final.d3`. Load with
-`d3rlpy.load_learnable(path)` after `import agents`, or `agents.MorcaPolicy.load(path)`.
+`agents.checkpoint.load_learnable(path)` (verifies the file's sha256 sidecar), or
+`agents.MorcaPolicy.load(path)`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import d3rlpy
 import minari
 from torch.utils.tensorboard import SummaryWriter
 
+from agents.checkpoint import load_learnable, save_learnable
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
 from agents.training import CheckpointDir, run_updates, steps_per_epoch
 from morca_env.data import first_episodes, to_replay_buffer
-from morca_env.io import atomic_path
 from morca_env.threads import configure_threads
 
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     start = 0
     if args.resume and (found := checkpoints.latest()) is not None:
         path, state = found
-        algo = d3rlpy.load_learnable(str(path), device=args.device)
+        algo = load_learnable(path, device=args.device)
         start = state["index"] + 1
         print(f"resumed from {path} (epoch {start})")
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
@@ -86,8 +87,7 @@ def main(argv=None) -> int:
               f" | {epoch_steps * args.batch_size / seconds:.0f} transitions/s, {epoch_steps / seconds:.2f} updates/s")
     writer.close()
     final = args.run_dir / "final.d3"
-    with atomic_path(final) as tmp:
-        algo.save(str(tmp))
+    save_learnable(algo, final)
     print(f"saved {final}")
     return 0
 

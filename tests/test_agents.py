@@ -179,6 +179,19 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
         obs, _, done, _, info = env.step(policy(obs))
         assert not info["projected"]
 
+    # a damaged checkpoint stops a resume with its name, never trains on from garbage
+    from agents.checkpoint import CheckpointError
+
+    for path, resume in ((tmp_path / "online" / "checkpoints" / "0002.d3",
+                          lambda: OnlineTrainer(env, config, tmp_path / "online", progress=False)),
+                         (tmp_path / "reinforce" / "reinforce.pt",
+                          lambda: Reinforce(env, ReinforceConfig(), tmp_path / "reinforce", progress=False))):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+        with pytest.raises(CheckpointError, match=f"checkpoint {path} is damaged"):
+            resume()
+
 
 def test_online_from_scratch_takes_the_feature_ablation(tmp_path):
     import gymnasium as gym

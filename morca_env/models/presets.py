@@ -144,6 +144,9 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
     A calibration made for another step count is rescaled (alpha, beta proportional
     to N, since each step costs the same) with a one-time warning.
     """
+    if name not in PRESETS:
+        raise ValueError(f"calibration={name!r} is not a registered model; valid: {', '.join(sorted(PRESETS))}, "
+                         "a SpeedupCalibration, or a path to a calibration JSON file")
     path = find_calibration_file(f"{name}.json")
     if path is not None:
         calib = SpeedupCalibration.from_json(path)

@@ -1,0 +1,190 @@
+"""Every argument a user passes, given a bad value: a clear error that names the value and what is valid.
+
+One row per (argument, bad value, expected message fragment); items 6, 7, 13 and 14 of issue 17 are rows here.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import morca_env
+from morca_env.data import collect_dataset
+from morca_env.env import MorcaEnv
+from morca_env.policies import UniformInterval
+from tests.conftest import make_pipe, prompt_embeds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENV_ROWS = [  # MorcaEnv("tiny", **{argument: value}), checked at construction
+    ("model", "nope", "unknown model 'nope'; valid models: wan21, wan22, tiny"),
+    ("speedup", 99, "speedup=99.0 is outside the feasible range [1.00, "),
+    ("speedup", "3", "speedup='3' must be a number or a (low, high) pair in [1.00, "),
+    ("speedup", (3, 2), "speedup range (3, 2) must be (low, high) with low <= high"),
+    ("speedup", float("nan"), "speedup=nan is outside the feasible range [1.00, "),
+    ("budget", 999, "budget K=999 is outside the feasible range [0, 48]"),
+    ("budget", -1, "budget K=-1 is outside the feasible range [0, 48]"),
+    ("budget", 2.5, "budget=2.5 must be an integer number of reuse steps in [0, 48]"),
+    ("prompts", "nosuchsuite", "unknown prompt suite 'nosuchsuite'; valid suites: vbench-train"),
+    ("prompts", [], "prompts=[] must be a suite name (vbench-train"),
+    ("prompts", 5, "prompts=5 must be a suite name"),
+    ("num_inference_steps", 0, "num_inference_steps=0 must be a positive integer"),
+    ("num_inference_steps", 2.5, "num_inference_steps=2.5 must be a positive integer"),
+    ("num_inference_steps", 2, "num_inference_steps=2 leaves no step that may reuse the cache (steps [0, 1] always "
+                               "recompute); valid: >= 3"),  # item 6
+    ("num_inference_steps", 3, "num_inference_steps=3: the default speedup range (1.5, 3.5) is outside the feasible "
+                               "range [1.00, 1."),  # item 6
+    ("height", 17, "height=17 must be a positive multiple of 2 for this model"),  # item 7
+    ("height", 0, "height=0 must be a positive integer"),
+    ("width", 15, "width=15 must be a positive multiple of 2 for this model"),  # item 7
+    ("num_frames", 3, "num_frames=3 does not fit this model (VAE temporal factor 1, temporal patch 2); valid: 2, 4, 6, "
+                      "8, ..."),  # item 7
+    ("guidance_scale", -1, "guidance_scale=-1 must be a non-negative number"),
+    ("guidance_scale_2", -2, "guidance_scale_2=-2 must be a non-negative number"),
+    ("negative_prompt", 5, "negative_prompt=5 must be a string"),
+    ("r_max", 0, "r_max=0 must be a positive finite number of dB"),
+    ("r_max", float("inf"), "r_max=inf must be a positive finite number of dB"),
+    ("device", "gpu", "device='gpu' is not a torch device; valid: 'cpu', 'cuda', 'cuda:<index>'"),  # item 14
+    ("dtype", "float64", "dtype='float64'; valid: float32, float16, bfloat16"),
+    ("dtype", torch.int8, "dtype=torch.int8; valid: float32, float16, bfloat16"),
+    ("pipeline", object(), "pipeline must be a diffusers WanPipeline, got object"),
+    ("model_id", "/nonexistent/dir", "MorcaTiny weights not found at /nonexistent/dir"),
+    ("reference_cache_dir", 5, "reference_cache_dir=5 must be a directory path"),
+    ("lpips", "yes", "lpips='yes' must be True or False"),
+    ("signal", "foo", "signal='foo'; valid: ('official', 'latent')"),
+    ("calibration", "Tiny", "calibration='Tiny' is not a registered model; valid: tiny, tiny-random, wan21, wan22"),
+    ("calibration", 5, "calibration=5; valid: a registered model name, a calibration JSON path or a SpeedupCalibration"),
+    ("enforce_budget", "no", "enforce_budget='no' must be True or False"),
+    ("budget_rounding", "up", "budget_rounding='up'; valid: ('dither', 'nearest')"),
+    ("latent_features", "no", "latent_features='no' must be True or False"),
+    ("render_mode", "human", "render_mode='human'; valid: ['rgb_array']"),
+]
+if not torch.cuda.is_available():
+    ENV_ROWS.append(("device", "cuda", "device='cuda' but CUDA is not available on this machine; valid here: 'cpu'"))
+
+
+@pytest.mark.parametrize("argument, value, fragment", ENV_ROWS, ids=[f"{a}={v!r}" for a, v, _ in ENV_ROWS])
+def test_env_argument(argument, value, fragment, tmp_path):
+    kwargs = {"reference_cache_dir": str(tmp_path), "lpips": False}
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=re.escape(fragment)):
+        if argument == "model":
+            MorcaEnv(value, **kwargs)
+        else:
+            MorcaEnv("tiny", **{**kwargs, argument: value})
+
+
+RESET_ROWS = [  # env.reset(options={...}) on MorcaTiny with 10 steps
+    ({"seed": -1}, "options['seed']=-1 must be an integer in [0, 2**63 - 1]"),
+    ({"seed": 2**64}, "options['seed']=18446744073709551616 must be an integer in [0, 2**63 - 1]"),  # item 13
+    ({"seed": 1.5}, "options['seed']=1.5 must be an integer in [0, 2**63 - 1]"),
+    ({"prompt": ""}, "options['prompt']='' must be a non-empty string"),
+    ({"prompt": 5}, "options['prompt']=5 must be a non-empty string"),
+    ({"speedup": 99}, "speedup=99 is outside the feasible range [1.00, "),
+    ({"speedup": "2"}, "options['speedup']='2' must be a number"),
+    ({"budget": 99}, "budget K=99 is outside the feasible range [0, 8]"),
+    ({"budget": 2, "speedup": 2}, "reset options take speedup or budget, not both"),
+    ({"scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
+    ({"foo": 1}, "unknown reset options ['foo']; valid: prompt, seed, speedup, budget, scheduler_cost_s"),
+]
+STEP_ROWS = [2, -1, 0.5, "1", None, True, np.array([0, 1])]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return MorcaEnv("tiny", num_inference_steps=10, lpips=False,
+                    reference_cache_dir=str(tmp_path_factory.mktemp("refs")))
+
+
+@pytest.mark.parametrize("options, fragment", RESET_ROWS, ids=[json.dumps(o, default=str) for o, _ in RESET_ROWS])
+def test_reset_option(env, options, fragment):
+    with pytest.raises((ValueError, TypeError), match=re.escape(fragment)):
+        env.reset(options=options)
+
+
+@pytest.mark.parametrize("action", STEP_ROWS, ids=repr)
+def test_step_action(env, action):
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action=.* valid actions: 0 \(recompute\) or 1 \(reuse\)"):
+        env.step(action)
+
+
+ACCELERATE_ROWS = [  # morca_env.accelerate(pipe, policy, **kwargs) on a tiny Wan2.1 pipeline with 6 steps
+    ({"speedup": 99}, "speedup=99 is outside the feasible range [1.00, "),
+    ({"speedup": "3"}, "speedup='3' must be a number in [1.00, "),
+    ({"budget": 99}, "budget K=99 is outside the feasible range [0, 4]"),
+    ({"budget": 1.5}, "budget=1.5 must be an integer number of reuse steps in [0, 4]"),
+    ({"speedup": 2, "budget": 2}, "pass exactly one of speedup or budget (got speedup=2, budget=2)"),
+    ({}, "pass exactly one of speedup or budget (got speedup=None, budget=None)"),
+    ({"budget": 1, "signal": "foo"}, "signal='foo'; valid: ('official', 'latent')"),
+    ({"speedup": 2, "calibration": "wan2.1"}, "calibration='wan2.1' is not a registered model; valid: tiny"),
+    ({"speedup": 2, "calibration": 5}, "calibration=5; valid: a registered model name"),
+    ({"speedup": 2, "scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
+    ({"budget": 1, "num_inference_steps": 0}, "num_inference_steps=0 must be a positive integer"),
+    ({"budget": 1, "num_inference_steps": "6"}, "num_inference_steps='6' must be a positive integer"),
+    ({"budget": 1, "num_inference_steps": 2}, "budget K=1 is outside the feasible range [0, 0]"),
+    ({"budget": 1, "policy": None}, "policy=None must have reset(obs, info) and __call__(obs) -> action"),
+]
+
+
+@pytest.mark.parametrize("kwargs, fragment", ACCELERATE_ROWS, ids=[json.dumps(k) for k, _ in ACCELERATE_ROWS])
+def test_accelerate_argument(kwargs, fragment):
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    embeds = prompt_embeds()
+    kwargs = dict(kwargs)
+    policy = kwargs.pop("policy", UniformInterval())
+    call = dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
+                num_inference_steps=6, output_type="latent")
+    with pytest.raises((ValueError, TypeError), match=re.escape(fragment)):
+        morca_env.accelerate(pipe, policy, **{**call, **kwargs})
+
+
+COLLECT_ROWS = [  # collect_dataset(**{argument: value}); all refused before any episode is collected
+    ("dataset_id", "morca/tiny/noversion", "dataset_id='morca/tiny/noversion' is not a Minari dataset id; valid: "
+                                           "'<namespace>/<name>-v<version>'"),
+    ("dataset_id", 5, "dataset_id=5 is not a Minari dataset id"),
+    ("env_id", "MorcaHuge-v0", "env_id='MorcaHuge-v0' is not registered; valid: "),
+    ("num_episodes", 0, "num_episodes=0 must be a positive integer"),
+    ("env_kwargs", "speedup=2", "env_kwargs='speedup=2' must be a dict of MorcaEnv arguments"),
+    ("behavior", "threshold", "behavior={'name': 'threshold'}; valid: a behaviour name (best-fixed, fixed, "),
+    ("behavior", ["random"], "behavior=['random']; valid: a behaviour name"),
+    ("workers", 0, "workers=0 must be a positive integer"),
+    ("threads", -1, "threads=-1 must be a positive integer"),
+    ("seed", -3, "seed=-3 must be a non-negative integer"),
+    ("feature_dtype", "float64", "feature_dtype='float64'; valid: float16, float32"),
+]
+
+
+@pytest.mark.parametrize("argument, value, fragment", COLLECT_ROWS, ids=[f"{a}={v!r}" for a, v, _ in COLLECT_ROWS])
+def test_collect_argument(argument, value, fragment, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"dataset_id": "test/tiny/bad-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 2,
+              "env_kwargs": {"num_inference_steps": 10}, "behavior": "random", "progress": False}
+    with pytest.raises((ValueError, TypeError), match=re.escape(fragment)):
+        collect_dataset(**{**kwargs, argument: value})
+    assert not (tmp_path / "cache" / "collect" / "test").exists()  # nothing was staged
+
+
+SCRIPT_ROWS = [  # python scripts/collect.py <recipe> <args>: argparse's usage error (exit code 2) naming the value
+    (["--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
+    (["--workers", "two"], "argument --workers: 'two' is not a positive integer"),
+    (["--threads", "-1"], "argument --threads: '-1' is not a positive integer"),
+    (["--env-kwargs", "{speedup: 2}"], "argument --env-kwargs: '{speedup: 2}' is not JSON"),
+    (["--env-kwargs", "[1]"], "argument --env-kwargs: '[1]' is not a JSON object of env kwargs"),
+    (["--dataset-id", "morca/x"], "dataset_id='morca/x' is not a Minari dataset id"),
+    (["RECIPE=missing.json"], "argument recipe: recipe 'missing.json' is not a file"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
+def test_collect_script_argument(args, fragment, tmp_path):
+    recipe = ROOT / "datasets" / "morca" / "tiny" / "random-v0.json"
+    command = ([args[0].split("=", 1)[1]] if args[0].startswith("RECIPE=") else [str(recipe), *args])
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "collect.py"), *command], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and fragment in out.stderr, out.stderr[-2000:]

@@ -1,0 +1,127 @@
+"""Issue 17, collection: behaviour names, dataset ids, worker errors, orphans, replay-buffer defaults."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import morca_env.data as data
+from morca_env.data import collect_dataset, to_replay_buffer
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10, "latent_features": False}
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def collect(dataset_id, n, behavior="random", **kwargs):
+    return collect_dataset(dataset_id, "MorcaTinyRandom-v0", n, env_kwargs=ENV_KWARGS, behavior=behavior,
+                           progress=False, **kwargs)
+
+
+def test_item9_a_behaviour_name_string_works_in_the_api_and_the_cli(roots):
+    assert collect("test/tiny/name-v0", 1, behavior="uniform").total_episodes == 1
+    recipe = roots / "recipe.json"
+    recipe.write_text(json.dumps({"dataset_id": "test/tiny/cli-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 1,
+                                  "env_kwargs": ENV_KWARGS, "behavior": "random"}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "collect.py"), str(recipe)], cwd=roots,
+                         capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dataset test/tiny/cli-v0: 1 episodes" in out.stdout
+
+
+def test_item10_a_bad_dataset_id_is_refused_before_collecting_and_no_build_dir_is_left(roots, monkeypatch):
+    with pytest.raises(ValueError, match="dataset_id='test/tiny/noversion' is not a Minari dataset id"):
+        collect("test/tiny/noversion", 2)
+    assert not (roots / "cache" / "collect").exists()
+    real = data._create_dataset
+    monkeypatch.setattr(data, "_create_dataset", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        collect("test/tiny/build-v0", 2)
+    assert not list((roots / "minari").glob(".morca-build-*"))
+    monkeypatch.setattr(data, "_create_dataset", real)
+    assert collect("test/tiny/build-v0", 2).total_episodes == 2  # the staged episodes are used
+
+
+def test_item12_a_workers_own_error_reaches_the_user(roots, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("the behaviour exploded at step 3")
+
+    monkeypatch.setattr(data, "run_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
+    with pytest.raises(RuntimeError, match="2 collection worker.*ValueError: the behaviour exploded at step 3"):
+        collect("test/tiny/workers-v0", 4, workers=2)
+
+
+def test_item18_a_corrected_behaviour_name_reruns_under_the_same_id(roots):
+    with pytest.raises(ValueError, match="behavior=.*'randm'.*valid: .*random, .*threshold-curve"):
+        collect("test/tiny/typo-v0", 1, behavior={"name": "randm"})
+    assert collect("test/tiny/typo-v0", 1, behavior={"name": "random"}).total_episodes == 1
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_item15_workers_exit_when_the_collecting_parent_is_killed(roots):
+    code = ("from morca_env.data import collect_dataset\n"
+            f"collect_dataset('test/tiny/orphan-v0', 'MorcaTinyRandom-v0', 400, env_kwargs={ENV_KWARGS!r}, "
+            "behavior='random', workers=2, progress=False)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=roots, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ})
+    staging = roots / "cache" / "collect" / "test/tiny/orphan-v0" / "episodes"
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(staging.glob("ep_*.npz"))) < 2:
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    assert len(workers) == 2, "the workers must be running"
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    survivors = [w for w in workers if _alive(w)]
+    for w in survivors:
+        os.kill(w, signal.SIGKILL)
+    assert not survivors, "collection workers outlived their parent"
+
+
+def test_item16_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(roots):
+    import d3rlpy
+
+    from agents.iql import DiscreteIQLConfig
+
+    dataset = collect("test/tiny/cql-v0", 2)
+    cql = d3rlpy.algos.DiscreteCQLConfig(batch_size=8).create(device="cpu")
+    cql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
+            logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    iql = DiscreteIQLConfig(batch_size=8).create(device="cpu")
+    with pytest.raises(ValueError, match="observation='tuple'"):
+        iql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
+                logger_adapter=d3rlpy.logging.NoopAdapterFactory())
