@@ -19,7 +19,6 @@ ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from . import wan_structure
+from .budget import BudgetSpec, SpeedupCalibration
 from .cache import ResidualCache
 from .observation import ObservationBuilder, parse_action
 from .signals import SIGNAL_KINDS, official_signal_input
@@ -81,7 +81,7 @@ class _Run:
     def __init__(self, pipe, policy, spec: BudgetSpec, budget: int, signal: str, branches):
         self.pipe, self.policy, self.spec, self.budget = pipe, policy, spec, budget
         self.signal = signal
-        self.experts = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+        self.experts = wan_structure.experts(pipe)
         self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
         for cache in self.caches:
             cache.claim(self)
@@ -120,16 +120,6 @@ class _Run:
             cache.detach(self)
 
 
-def _switch_step(pipe, num_steps: int) -> int | None:
-    if getattr(pipe, "transformer_2", None) is None:
-        return None
-    scheduler = copy.deepcopy(pipe.scheduler)
-    scheduler.set_timesteps(num_steps)
-    boundary = pipe.config.boundary_ratio * scheduler.config.num_train_timesteps
-    low = [i for i, t in enumerate(scheduler.timesteps) if t < boundary]
-    return low[0] if low else None
-
-
 def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None = None,
                calibration: SpeedupCalibration | str = "wan21", signal: str = "official",
                scheduler_cost_s: float = 0.0, **call_kwargs) -> AccelerateResult:
@@ -153,7 +143,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     if not isinstance(calibration, (str, SpeedupCalibration)):
         raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path or "
                         "a SpeedupCalibration")
-    spec = BudgetSpec(num_steps, forced_recompute_steps(num_steps, _switch_step(pipe, num_steps)))
+    spec = wan_structure.budget_spec(pipe, num_steps)
     if budget is None:
         if isinstance(calibration, str) and Path(calibration).is_file():
             calibration = SpeedupCalibration.from_json(calibration)
@@ -164,7 +154,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)
     budget = spec.check_budget(budget)
     guidance = call_kwargs.get("guidance_scale", 5.0)
-    branches = lambda: ("cond", "uncond") if guidance > 1.0 else ("cond",)  # noqa: E731
+    branches = lambda: wan_structure.branches(guidance)  # noqa: E731
     run = _Run(pipe, policy, spec, budget, signal, branches)
     t0 = time.perf_counter()
     try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import wan_structure
 from .cache import ResidualCache
 
 
@@ -80,17 +81,13 @@ class StepwiseDenoiser:
         self.pipe = pipe
         self.config = config or DenoiserConfig()
         self.device = torch.device(device) if device is not None else pipe._execution_device
-        self.experts = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
-        if not self.experts:
-            raise ValueError("the pipeline has no transformer")
-        if len(self.experts) == 2 and pipe.config.boundary_ratio is None:
-            raise ValueError("a pipeline with transformer_2 needs `boundary_ratio` in its config")
+        self.experts = wan_structure.experts(pipe)
         self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
         # a private scheduler: its multistep history must not leak between episodes or into the pipeline
         self.scheduler = copy.deepcopy(pipe.scheduler)
         self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
         self.timesteps = self.scheduler.timesteps
-        self.expert_of_step = self._assign_experts()
+        self.expert_of_step = wan_structure.expert_of_steps(pipe, self.timesteps)
         self._latents: torch.Tensor | None = None
         self.last_velocity: torch.Tensor | None = None  # guided model output of the latest step
         self._index = self.num_steps
@@ -117,18 +114,12 @@ class StepwiseDenoiser:
 
     @property
     def branches(self) -> tuple[str, ...]:
-        return ("cond", "uncond") if self.do_cfg else ("cond",)
-
-    def _assign_experts(self) -> list[int]:
-        if len(self.experts) == 1:
-            return [0] * len(self.timesteps)
-        boundary = self.pipe.config.boundary_ratio * self.scheduler.config.num_train_timesteps
-        return [0 if t >= boundary else 1 for t in self.timesteps]
+        return wan_structure.branches(self.config.guidance_scale)
 
     @property
     def expert_switch_step(self) -> int | None:
         """First step of the low-noise expert (Wan2.2), else None."""
-        return self.expert_of_step.index(1) if 1 in self.expert_of_step else None
+        return wan_structure.switch_step(self.expert_of_step)
 
     # ------------------------------------------------------------------- episode
     @property

@@ -70,3 +70,17 @@ def test_speedup_uses_calibration_and_bad_input():
     with pytest.raises(ValueError, match=r"budget K=11 is outside the feasible range \[0, 10\]"):
         morca_env.accelerate(pipe, UniformInterval(), budget=11, **call(pipe))
     assert not pipe.transformer.blocks[0]._diffusers_hook.hooks
+
+
+def test_wan_structure_is_the_same_for_the_denoiser_and_accelerate(wan22_pipe):
+    """Forced steps and the expert switch come from one place (morca_env.wan_structure)."""
+    from morca_env import wan_structure
+    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+
+    for steps in (6, 12, 20):
+        den = StepwiseDenoiser(wan22_pipe, DenoiserConfig(num_inference_steps=steps, height=16, width=16, num_frames=5))
+        spec = wan_structure.budget_spec(wan22_pipe, steps)
+        assert den.expert_switch_step is not None and spec.forced == {0, steps - 1, den.expert_switch_step}
+        assert den.expert_of_step[den.expert_switch_step - 1] == 0 and den.expert_of_step[den.expert_switch_step] == 1
+        den.close()
+    assert wan_structure.branches(5.0) == ("cond", "uncond") and wan_structure.branches(1.0) == ("cond",)
