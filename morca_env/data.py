@@ -31,6 +31,7 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text
+from .quiet import quiet_d3rlpy
 
 FEATURE_KEYS = ("pooled", "temporal")
 BEHAVIORS = ("threshold-curve", "random", "uniform", "seacache")
@@ -538,6 +539,7 @@ def transition_picker(n_step: int = 1):
     one-step TD needs ~N hops of slow target updates to carry the reward back to the first step;
     n_step = N makes every target the episode's own return (Monte-Carlo), which converges in a
     CPU-sized number of updates."""
+    quiet_d3rlpy()
     from d3rlpy.dataset import BasicTransitionPicker, MultiStepTransitionPicker
 
     if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
@@ -556,6 +558,7 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
     n-step returns (`transition_picker`).
     """
+    quiet_d3rlpy()
     from d3rlpy.constants import ActionSpace
     from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 

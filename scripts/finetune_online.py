@@ -18,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
+import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
 import gymnasium as gym
 import minari
 import torch
 
-import agents  # noqa: F401
 import morca_env  # noqa: F401
 from agents.checkpoint import load_learnable
 from agents.online import OnlineConfig, OnlineTrainer

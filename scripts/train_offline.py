@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
 import minari
 import torch
