@@ -87,9 +87,9 @@ def check_dataset_id(dataset_id) -> str:
     from minari.utils import parse_dataset_id
 
     try:
-        namespace, name, version = parse_dataset_id(dataset_id)
-    except Exception:
-        namespace = name = version = None
+        _, name, version = parse_dataset_id(dataset_id)
+    except Exception:  # minari raises ValueError or TypeError on malformed ids
+        name = version = None
     if not isinstance(dataset_id, str) or name is None or version is None:
         raise ValueError(f"dataset_id={dataset_id!r} is not a Minari dataset id; valid: "
                          "'<namespace>/<name>-v<version>', e.g. 'morca/tiny/random-v0'")
