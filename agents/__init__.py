@@ -1,10 +1,15 @@
 """MORCA agents: the scheduler network, discrete IQL (offline -> online) and REINFORCE.
 
 Importing this package registers `MorcaEncoderFactory` and `DiscreteIQLConfig`
-with d3rlpy, so `d3rlpy.load_learnable(path)` works after `import agents`.
+with d3rlpy, so `agents.checkpoint.load_learnable(path)` (which also verifies the file's
+checksum) and `d3rlpy.load_learnable(path)` work after `import agents`.
 """
 
-from .iql import DiscreteIQL, DiscreteIQLConfig
+from morca_env.quiet import quiet_d3rlpy
+
+quiet_d3rlpy()  # before d3rlpy is imported below: no legacy-gym notice, no info-level log lines
+
+from .iql import DiscreteIQL, DiscreteIQLConfig  # noqa: E402
 from .networks import MorcaEncoderFactory, MorcaNetwork, MorcaTrunk
 from .policy import MorcaPolicy, observation_batch
 

@@ -5,12 +5,16 @@
     env = gym.make("MorcaWan21-v0", speedup=3.0)    # Wan2.1-T2V-1.3B (GPU + weights)
 """
 
-from gymnasium.envs.registration import register, registry
+from .quiet import quiet_legacy_gym
 
-from .accelerate import AccelerateResult, accelerate
-from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
-from .denoiser import DenoiserConfig, StepwiseDenoiser
-from .models.presets import PRESETS
+quiet_legacy_gym()  # before anything imports the legacy gym package and prints its notice
+
+from gymnasium.envs.registration import register, registry  # noqa: E402
+
+from .accelerate import AccelerateResult, accelerate  # noqa: E402
+from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps  # noqa: E402
+from .denoiser import DenoiserConfig, StepwiseDenoiser  # noqa: E402
+from .models.presets import PRESETS  # noqa: E402
 
 __version__ = "0.1.0"
 

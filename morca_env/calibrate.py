@@ -52,6 +52,10 @@ class CalibrationMeasurement:
                          f" {calib.speedup_of_budget(k):>11.3f}")
         lines.append(f"fit: K = {calib.alpha:.3f} - {calib.beta:.3f} / rho   "
                      f"(feasible speedups 1.00 - {calib.speedup_range[1]:.2f})")
+        if 0 in self.budgets and self.mean_latency_s[0] > self.full_latency_s:
+            lines.append(f"K = 0 runs at {self.full_latency_s / self.mean_latency_s[0]:.3f}x, not 1x: an episode also "
+                         "computes the scheduler's inputs (step distance, features), which a stock run does not; "
+                         "that cost is in every episode's latency and in the fit")
         return "\n".join(lines)
 
 

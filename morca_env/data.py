@@ -34,6 +34,7 @@ from .io import atomic_path, atomic_write_text
 from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 from .policies import ALIASES, SCHEDULERS
+from .quiet import quiet_d3rlpy
 
 BEHAVIORS = tuple(sorted(SCHEDULERS) + sorted(ALIASES))  # any scheduler of the registry
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
@@ -87,9 +88,9 @@ def check_dataset_id(dataset_id) -> str:
     from minari.utils import parse_dataset_id
 
     try:
-        namespace, name, version = parse_dataset_id(dataset_id)
-    except Exception:
-        namespace = name = version = None
+        _, name, version = parse_dataset_id(dataset_id)
+    except Exception:  # minari raises ValueError or TypeError on malformed ids
+        name = version = None
     if not isinstance(dataset_id, str) or name is None or version is None:
         raise ValueError(f"dataset_id={dataset_id!r} is not a Minari dataset id; valid: "
                          "'<namespace>/<name>-v<version>', e.g. 'morca/tiny/random-v0'")
@@ -509,6 +510,7 @@ def transition_picker(n_step: int = 1):
     one-step TD needs ~N hops of slow target updates to carry the reward back to the first step;
     n_step = N makes every target the episode's own return (Monte-Carlo), which converges in a
     CPU-sized number of updates."""
+    quiet_d3rlpy()
     from d3rlpy.dataset import BasicTransitionPicker, MultiStepTransitionPicker
 
     if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
@@ -527,6 +529,7 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
     n-step returns (`transition_picker`).
     """
+    quiet_d3rlpy()
     from d3rlpy.constants import ActionSpace
     from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 

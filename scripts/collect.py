@@ -14,21 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
+from morca_env.cli import json_dict, positive_int
 from morca_env.data import CollectionRecipe, collect_dataset
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (valid: 1, 2, ...)")
-    return value
 
 
 def recipe_file(text: str) -> Path:
@@ -37,16 +27,6 @@ def recipe_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"recipe {text!r} is not a file; valid: a JSON recipe such as "
                                          "datasets/morca/tiny/random-v0.json")
     return path
-
-
-def json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error}); valid: a JSON object of env kwargs")
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of env kwargs")
-    return value
 
 
 def main(argv=None) -> int:

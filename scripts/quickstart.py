@@ -9,7 +9,8 @@ Runs the same scripts you would run at full scale, one after the other:
   2. scripts/train_offline.py    offline discrete IQL
   3. scripts/finetune_online.py  online fine-tuning rounds
   4. scripts/evaluate.py         measures this machine's speedup calibration, then MORCA vs SeaCache
-                                 (global threshold) and uniform at 2x / 2.5x / 3x on held-out tiny-eval
+                                 (global threshold), uniform spacing and the best fixed schedule (fitted
+                                 on training prompts, shipped) at 2x / 2.5x / 3x on held-out tiny-eval
                                  prompts, speedups held by feedback (--feedback): table, Pareto plot,
                                  schedule plot, videos
 Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
                          "--calibrate", str(sizes["calibration_rounds"]), "--timing-repeats", str(sizes["timing_repeats"]),
                          "--feedback", *lean_env(sizes["features"]),
-                         "--targets", *map(str, args.targets), "--methods", "uniform", "seacache-global",
+                         "--targets", *map(str, args.targets), "--methods", "uniform", "best-fixed", "seacache-global",
                          f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")
     for name in ("table.md", "pareto.png", "schedules.png", "video_000.gif"):

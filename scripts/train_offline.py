@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
 import minari
 from torch.utils.tensorboard import SummaryWriter
@@ -26,6 +27,7 @@ from agents.checkpoint import load_learnable, save_learnable
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
 from agents.training import CheckpointDir, run_updates, steps_per_epoch
+from morca_env.cli import positive_int
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -33,22 +35,23 @@ from morca_env.threads import configure_threads
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="morca/tiny/random-v0", help="Minari dataset id")
-    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--epochs", type=positive_int, default=200)
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate of all networks")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--beta", type=float, default=1.5, help="advantage-weighting coefficient")
     p.add_argument("--w-max", type=float, default=30.0, help="policy weight cap")
     p.add_argument("--expectile", type=float, default=0.7)
-    p.add_argument("--n-step", type=int, default=1,
+    p.add_argument("--n-step", type=positive_int, default=1,
                    help="return horizon of the Q targets: 1 = one-step TD (the paper); 50 = Monte-Carlo returns, "
                         "which converge in far fewer updates (CPU budgets)")
-    p.add_argument("--episodes", type=int, help="train on the dataset's first N episodes (default: all)")
+    p.add_argument("--episodes", type=positive_int, help="train on the dataset's first N episodes (default: all)")
     p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
-    p.add_argument("--max-steps-per-epoch", type=int, help="cap the updates per epoch (default: a full pass)")
+    p.add_argument("--max-steps-per-epoch", type=positive_int, help="cap the updates per epoch (default: a full pass)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/offline"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

@@ -124,3 +124,18 @@ def test_item20_written_files_get_the_usual_mode_not_0600(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
+
+
+def test_item20_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_lines(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import morca_env, agents, d3rlpy, sb3_contrib\n"
+            "from test_agents import quiet, synthetic_buffer\n"
+            "a = agents.DiscreteIQLConfig(batch_size=8).create(device='cpu')\n"
+            "a.fit(synthetic_buffer(), n_steps=2, n_steps_per_epoch=2, show_progress=False, logger_adapter=quiet())\n")
+    tests = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unmaintained" not in out.stderr and "[info" not in out.stdout + out.stderr, out.stdout + out.stderr

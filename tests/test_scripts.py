@@ -139,3 +139,39 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
         assert len(ks) == 1  # the same K for every method
         assert by["searched", index]["psnr"] >= by["uniform", index]["psnr"] - 1e-6  # search starts from uniform
     assert "searched - uniform at 1.8x" in (out / "table.md").read_text()
+
+
+def load_evaluate():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_script", ROOT / "scripts" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_item19_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
+    evaluate = load_evaluate()
+    rows = [{"method": m, "target": 2.5, "prompt_index": 0, "schedule": s, "num_reuse": sum(s), "psnr": 30.0,
+             "ssim": 0.9, "latency_s": lat, "stock_latency_s": stock, "speedup": stock / lat}
+            for m, s, lat, stock in (("uniform", [0, 1, 0, 1, 0], 0.30, 0.60), ("seacache-global", [0, 1, 1, 0, 0], 0.31, 0.60),
+                                     ("morca-online", [0, 1, 1, 1, 0], 0.224, 0.566))]
+    rows.append({**rows[0], "prompt_index": 1})
+    assert evaluate.schedule_rows(rows, 2.5) == {"uniform (K=2)": [0, 1, 0, 1, 0], "seacache-global (K=2)": [0, 1, 1, 0, 0],
+                                                 "morca-online (K=3)": [0, 1, 1, 1, 0]}
+    methods = [("uniform", None), ("seacache-global", None), ("morca-online", None)]
+    table = evaluate.summarise(rows, [2.5], methods)
+    text = evaluate.write_tables(tmp_path, table, rows, methods, [2.5], 0.6)
+    line = next(x for x in text.splitlines() if "morca-online" in x and x.startswith("| 2.5x"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    latency, stock, speedup = float(cells[3]), float(cells[4]), float(cells[5].rstrip("x"))
+    assert (latency, stock) == (0.224, 0.566) and speedup == pytest.approx(stock / latency, abs=0.01)
+
+
+def test_item19_calibration_table_explains_a_speedup_below_one_at_k0():
+    from morca_env.budget import SpeedupCalibration
+    from morca_env.calibrate import CalibrationMeasurement
+
+    calib = SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48)
+    text = CalibrationMeasurement(calib, [0, 24], {0: 0.84, 24: 0.45}, 0.758).table()
+    assert "K = 0 runs at 0.902x, not 1x: an episode also computes the scheduler's inputs" in text

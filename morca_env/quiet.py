@@ -1,0 +1,39 @@
+"""Keep d3rlpy's import and training quiet: no legacy-gym notice, no info-level structlog lines.
+
+d3rlpy 2.8 imports the unmaintained `gym` package, which prints a multi-line
+"unmaintained since 2022" notice to stderr on every import (this project uses
+gymnasium), and logs every fit and build at info level through structlog.
+Warnings and errors still show. Both happen at import, so this must run first:
+`import morca_env` (or `agents`) before d3rlpy or stable-baselines3 does it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+
+_NOTICE = "Gym has been unmaintained"
+
+
+def quiet_legacy_gym() -> None:
+    """Import the legacy `gym` (if installed) with its notice filtered out, so that later imports of it
+    by d3rlpy or stable-baselines3 print nothing; import morca_env before them. Costs ~0.1 s once."""
+    if "gym" not in sys.modules:
+        captured = io.StringIO()
+        with contextlib.redirect_stderr(captured):
+            with contextlib.suppress(ImportError):
+                import gym  # noqa: F401
+        text = captured.getvalue()
+        if text and _NOTICE not in text:  # anything else gym printed is not ours to hide
+            sys.stderr.write(text)
+
+
+def quiet_d3rlpy() -> None:
+    """Import d3rlpy without gym's notice and raise its structlog threshold to WARNING (idempotent)."""
+    quiet_legacy_gym()
+    import d3rlpy  # noqa: F401  (configures structlog on import; reconfigure after it)
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
