@@ -519,6 +519,16 @@ def _learned(kind: str):
     return build
 
 
+def _rule(module: str, form: str):
+    """A rule of `morca_env.rules.<module>` in one of its three forms (native, global, exact)."""
+    def build(env=None, **kwargs):
+        from importlib import import_module
+
+        return import_module(f"morca_env.rules.{module}").build(form, env, **kwargs)
+
+    return build
+
+
 SCHEDULERS = {
     "uniform": lambda env=None: UniformInterval(),
     "random": lambda env=None, seed=None: RandomFeasible(seed=seed),
