@@ -540,6 +540,9 @@ SCHEDULERS = {
     "seacache-global": lambda env=None, threshold_map=None: GlobalSeaCache(_threshold_map(env, "seacache-global",
                                                                                         threshold_map)),
     "seacache-exact": lambda env=None, iterations=12: SeaCacheExactBudget(env, iterations),
+    "magcache": _rule("magcache", "native"),
+    "magcache-global": _rule("magcache", "global"),
+    "magcache-exact": _rule("magcache", "exact"),
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
