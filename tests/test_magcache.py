@@ -11,6 +11,8 @@ import morca_env
 from morca_env import policies
 from morca_env.rules import forms, magcache
 from morca_env.rules.magcache import MagCache
+from morca_env.rollout import rollout
+from tests import rule_forms
 
 
 def interleave(cond, uncond):
@@ -141,41 +143,24 @@ def test_decisions_equal_diffusers_magcache_hook_on_a_tiny_wan(wan21_pipe):
 # ---------------------------------------------------------------- the three forms, end to end
 @pytest.fixture
 def envs(tmp_path):
-    import gymnasium as gym
-
-    env = gym.make("MorcaTinyRandom-v0", budget=6, lpips=False, latent_features=False,
-                   reference_cache_dir=str(tmp_path))
-    free = gym.make("MorcaTinyRandom-v0", budget=6, lpips=False, latent_features=False, enforce_budget=False,
-                    pipeline=env.unwrapped.pipe, reference_cache_dir=str(tmp_path))
-    return env, free
+    return rule_forms.make_envs(tmp_path)
 
 
 def test_every_form_runs_in_the_env_at_exact_k(envs):
-    from gymnasium.utils.env_checker import check_env
+    rule_forms.check_forms_in_env("magcache", *envs)
 
-    from morca_env.rollout import rollout
 
+def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     env, free = envs
-    check_env(env.unwrapped, skip_render_check=True)
-    for name in ("magcache", "magcache-global", "magcache-exact"):
-        policy = policies.make(name, env)
-        exact = policies.needs_exact_budget(policy)
-        trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 1.8})
-        assert trajectory.requested == trajectory.schedule  # feasible actions only
-        if exact:
-            assert trajectory.num_reuse == trajectory.info["budget"]
     exact = policies.make("magcache-exact", env)
     rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": 9})
     assert exact.clipped is None and exact.last_threshold > 0
-    # the same threshold, played natively in a budget-free env, gives the same schedule
     native = rollout(free, policies.make("magcache", env, delta=exact.last_threshold, setting="morca-3.0x"),
                      {"prompt": "a red circle", "seed": 1, "budget": 9})
     assert native.num_reuse == 9 and native.schedule == exact.schedule
 
 
 def test_exact_budget_reports_clipping(envs):
-    from morca_env.rollout import rollout
-
     env, _ = envs
     policy = policies.make("magcache-exact", env, max_skip=1)  # at most every other step after retention
     with pytest.warns(UserWarning, match="no threshold gives exactly K=14"):
@@ -185,50 +170,13 @@ def test_exact_budget_reports_clipping(envs):
 
 
 def test_global_threshold_tracks_the_target(envs):
-    from morca_env.rollout import rollout
-
-    env, free = envs
-    policy = policies.make("magcache-global", env)
-    reuses = [rollout(free, policy, {"prompt": "a red circle", "seed": 1, "speedup": s}).num_reuse
-              for s in (1.3, 1.8, 2.5)]
-    assert reuses == sorted(reuses) and reuses[0] < reuses[-1]
-    with pytest.raises(ValueError, match="needs a target speedup"):
-        rollout(free, policy, {"prompt": "a red circle", "seed": 1, "budget": 6})
+    rule_forms.check_global_tracks_the_target("magcache", *envs)
 
 
-def test_forms_run_in_a_collection_recipe_and_evaluate(envs, tmp_path):
-    from morca_env.data import make_behavior
-
-    env, free = envs
-    for name in ("magcache", "magcache-global", "magcache-exact"):
-        assert make_behavior({"name": name}, env, seed=0) is not None
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("evaluate", Path(__file__).parents[1] / "scripts" / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
-    for name in ("magcache", "magcache-global", "magcache-exact"):
-        policy, runs_in = evaluate.load_method(name, None, env, free)
-        assert runs_in is (env if policies.needs_exact_budget(policy) else free)
+def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
+    rule_forms.check_recipe_and_evaluate("magcache", *envs)
 
 
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])
 def test_every_form_runs_under_accelerate(kind):
-    from tests.conftest import make_pipe, prompt_embeds
-
-    pipe = make_pipe(kind, with_text_encoder=False, with_vae=True)
-    extra = {"guidance_scale_2": 3.0} if kind == "wan22" else {}
-    embeds = prompt_embeds()
-    call = dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
-                num_inference_steps=12, output_type="latent", guidance_scale=5.0, **extra)
-    calibration = morca_env.SpeedupCalibration(alpha=12.0, beta=12.0, max_budget=9)
-    spec = morca_env.wan_structure.budget_spec(pipe, 12)
-    if kind == "wan22":
-        assert len(spec.forced) == 3  # first, last and the expert switch
-    for name in ("magcache", "magcache-global", "magcache-exact"):
-        policy = policies.make(name, pipe=pipe, calibration=calibration)
-        result = morca_env.accelerate(pipe, policy, speedup=2.0, calibration=calibration,
-                                      generator=torch.Generator().manual_seed(0), **call)
-        assert sum(result.schedule) == calibration.budget_for_speedup(2.0) and result.num_projected == 0
-        assert all(result.schedule[i] == 0 for i in spec.forced)
+    rule_forms.check_accelerate("magcache", kind)
