@@ -39,6 +39,29 @@ def test_retention_steps_force_the_first_five_and_not_the_last():
         [0, 0, 0, 0, 0, 1, 1, 0]  # plain: 1-4: A 9 -> compute; 5, 6 reuse; 7 (the last) forced
 
 
+def test_native_form_follows_what_the_env_executed():
+    """When the mask overrides the rule, the accumulator follows the executed action, as the authors' code
+    resets A on every computed step."""
+    from morca_env.observation import NUM_SCALARS, Scalar
+
+    def obs(step, used, n=6):
+        scalars = np.zeros(NUM_SCALARS, dtype=np.float32)
+        scalars[Scalar.t], scalars[Scalar.u_t] = (n - step) / n, used / n
+        return {"scalars": scalars, "action_mask": np.array([1, 1], dtype=np.int8)}
+
+    policy = forms.NativeRule(TeaCache(IDENTITY, distances=[0.0] + [0.25] * 5), 0.6, forms.Source())
+    info = {"num_steps": 6, "forced_steps": [0, 5]}
+    policy.reset(obs(0, 0), info)
+    # free run: 1: A .25 reuse; 2: A .5 reuse; 3: A .75 compute; 4: A .25 reuse
+    assert [policy(obs(i, used)) for i, used in enumerate([0, 0, 1, 2, 2])] == [0, 1, 1, 0, 1]
+    policy.reset(obs(0, 0), info)
+    # step 1 wanted reuse but the env computed it (used stays 0): A = 0, so 2: .25, 3: .5 reuse, 4: .75 computes
+    assert [policy(obs(i, used)) for i, used in enumerate([0, 0, 0, 1, 2])] == [0, 1, 1, 1, 0]
+    with pytest.raises(RuntimeError, match="expected step 0"):
+        policy.reset(obs(0, 0), info)
+        policy(obs(2, 0))
+
+
 def test_the_polynomial_has_its_highest_degree_first():
     c = teacache.COEFFICIENTS["wan21"]
     x = [0.0, 0.05, 0.1, 0.02, 0.1, 0.0]
