@@ -180,3 +180,35 @@ def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])
 def test_every_form_runs_under_accelerate(kind):
     rule_forms.check_accelerate("magcache", kind)
+
+
+def test_ratio_fit_equals_diffusers_calibration_mode(wan21_pipe, capsys):
+    """The authors' calibration, as fit_ratios runs it on our residual cache, gives diffusers'
+    `MagCacheConfig(calibrate=True)` ratios for the same tiny Wan call (per branch, first step 1.0)."""
+    import ast
+
+    from diffusers import MagCacheConfig
+
+    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from tests.conftest import prompt_embeds
+
+    steps, embeds = 6, prompt_embeds()
+    call = dict(height=32, width=32, num_frames=9, num_inference_steps=steps, guidance_scale=5.0)
+    wan21_pipe.transformer.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=steps))
+    try:
+        wan21_pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], output_type="latent",
+                   generator=torch.Generator().manual_seed(3), **call)
+    finally:
+        wan21_pipe.transformer.disable_cache()
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    theirs = [ast.literal_eval(line) for line in printed if not line.startswith("[MagCache]")]
+    assert len(theirs) == 2  # one list per branch: cond, then uncond
+    denoiser = StepwiseDenoiser(wan21_pipe, DenoiserConfig(**call))
+    try:
+        ours = magcache.fit_ratios(denoiser, [{"prompt_embeds": embeds[0], "negative_prompt_embeds": embeds[1],
+                                               "seed": 3}])
+    finally:
+        denoiser.close()
+    assert len(ours) == 2 * steps and ours[:2] == [1.0, 1.0]
+    assert ours[0::2] == pytest.approx(theirs[0], rel=1e-4) and ours[1::2] == pytest.approx(theirs[1], rel=1e-4)
+    assert max(abs(r - 1) for r in ours) > 1e-3  # the ratios are not trivially 1

@@ -158,10 +158,11 @@ def build(form: str, env=None, pipe=None, setting: str | None = None, delta: flo
 def fit_ratios(denoiser, pairs) -> list[float]:
     """The authors' calibration on our residual cache: per step and branch, mean over tokens of
     ||r_t||_2 / ||r_{t-1}||_2 for the block-stack residual r of a no-cache run, averaged over the
-    (prompt, seed) `pairs`; interleaved cond/uncond, the first step padded with 1.0."""
+    (prompt, seed) `pairs` (or dicts of `denoiser.start` arguments); interleaved cond/uncond, the first step
+    padded with 1.0. diffusers' `MagCacheConfig(calibrate=True)` measures the same on a pipeline call."""
     per_pair = []
-    for prompt, seed in pairs:
-        denoiser.start(prompt=prompt, seed=seed)
+    for pair in pairs:
+        denoiser.start(**(pair if isinstance(pair, dict) else {"prompt": pair[0], "seed": pair[1]}))
         previous, ratios = {}, []
         while not denoiser.done:
             i = denoiser.step_index
