@@ -136,3 +136,39 @@ def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])
 def test_every_form_runs_under_accelerate(kind):
     rule_forms.check_accelerate("teacache", kind)
+
+
+def test_polynomial_fit_follows_the_authors_procedure(wan21_pipe):
+    """fit_coefficients = least squares of the model output's relative L1 (consecutive steps, per branch) on the
+    time embedding's, both measured here independently on a stock pipeline call."""
+    from morca_env import wan_structure
+    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from tests.conftest import prompt_embeds
+
+    steps, embeds = 8, prompt_embeds()
+    call = dict(height=32, width=32, num_frames=9, num_inference_steps=steps, guidance_scale=5.0)
+    model = wan21_pipe.transformer
+    outputs = []
+    hook = model.register_forward_hook(lambda m, a, out: outputs.append(out[0].float()))
+    try:
+        wan21_pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], output_type="latent",
+                   generator=torch.Generator().manual_seed(2), **call)
+    finally:
+        hook.remove()
+    timesteps = wan_structure.pipeline_timesteps(wan21_pipe, steps)
+    temb = [model.condition_embedder(t.reshape(1), torch.zeros(1, 1, model.config.text_dim))[0] for t in timesteps]
+
+    def rel(a, b):
+        return float((a - b).abs().mean() / b.abs().mean())
+
+    x = [rel(temb[i], temb[i - 1]) for i in range(1, steps)]
+    y = [rel(outputs[2 * i + b], outputs[2 * (i - 1) + b]) for b in (0, 1) for i in range(1, steps)]
+    denoiser = StepwiseDenoiser(wan21_pipe, DenoiserConfig(**call))
+    try:
+        fit = teacache.fit_coefficients(denoiser, [{"prompt_embeds": embeds[0], "negative_prompt_embeds": embeds[1],
+                                                    "seed": 2}])
+    finally:
+        denoiser.close()
+    expected = np.polyfit(x + x, y, 4)
+    assert np.polyval(fit["coefficients"], x) == pytest.approx(np.polyval(expected, x), rel=1e-3, abs=1e-6)
+    assert len(fit["coefficients_ret"]) == 5 and fit["input_range"] == pytest.approx([min(x), max(x)], rel=1e-5)

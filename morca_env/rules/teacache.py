@@ -148,7 +148,8 @@ def build(form: str, env=None, pipe=None, setting: str | None = None, delta: flo
 def fit_coefficients(denoiser, pairs, degree: int = 4) -> dict:
     """The authors' calibration: over no-cache runs of the (prompt, seed) `pairs`, the polynomial (degree 4)
     mapping the input signal's relative L1 x_i to the model output's relative L1 y_i between consecutive
-    steps (each branch one sample), least squares; one fit for the plain signal, one for the projection."""
+    steps (each branch one sample), least squares; one fit for the plain signal, one for the projection.
+    `pairs` holds (prompt, seed) pairs or dicts of `denoiser.start` arguments."""
     outputs: list = []
 
     def keep(module, args, output):
@@ -162,9 +163,9 @@ def fit_coefficients(denoiser, pairs, degree: int = 4) -> dict:
         x[use_ret] = [relative_l1(signals[i], signals[i - 1]) for i in range(1, n)]
     xs, ys = {False: [], True: []}, []
     try:
-        for prompt, seed in pairs:
+        for pair in pairs:
             outputs.clear()
-            denoiser.start(prompt=prompt, seed=seed)
+            denoiser.start(**(pair if isinstance(pair, dict) else {"prompt": pair[0], "seed": pair[1]}))
             while not denoiser.done:
                 denoiser.step(reuse=False)
             per_step = [outputs[i * branches:(i + 1) * branches] for i in range(n)]
