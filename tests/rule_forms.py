@@ -83,3 +83,21 @@ def check_accelerate(rule: str, kind: str, **options) -> None:
                                       generator=torch.Generator().manual_seed(0), **call)
         assert sum(result.schedule) == calibration.budget_for_speedup(2.0) and result.num_projected == 0
         assert all(result.schedule[i] == 0 for i in spec.forced)
+
+
+def check_collection(rule: str, tmp_path, monkeypatch) -> None:
+    """Each form is a behaviour policy of a `collect_dataset` recipe (budget-free env, relabelled with its K)."""
+    import numpy as np
+
+    from morca_env.data import collect_dataset
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    for form, name in zip(("native", "global", "exact"), forms_of(rule)):
+        dataset = collect_dataset(f"test/{rule}-{form}-v0", "MorcaTinyRandom-v0", 2, behavior={"name": name},
+                                  env_kwargs={"speedup": [1.5, 2.5], "lpips": False, "num_inference_steps": 10},
+                                  progress=False)
+        assert dataset.total_episodes == 2
+        for episode in dataset.iterate_episodes():
+            actions = np.asarray(episode.actions)
+            assert actions[0] == 0 and actions[-1] == 0 and len(actions) == 10

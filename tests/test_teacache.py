@@ -133,6 +133,10 @@ def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
     rule_forms.check_recipe_and_evaluate("teacache", *envs)
 
 
+def test_forms_collect_datasets(tmp_path, monkeypatch):
+    rule_forms.check_collection("teacache", tmp_path, monkeypatch)
+
+
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])
 def test_every_form_runs_under_accelerate(kind):
     rule_forms.check_accelerate("teacache", kind)
