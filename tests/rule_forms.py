@@ -50,6 +50,10 @@ def check_global_tracks_the_target(rule: str, env, free) -> None:
     assert reuses == sorted(reuses) and reuses[0] < reuses[-1]
     with pytest.raises(ValueError, match="needs a target speedup"):
         rollout(free, policy, {"prompt": "a red circle", "seed": 1, "budget": 6})
+    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # a recipe's JSON map is used as given
+    policy = policies.make(f"{rule}-global", env, threshold_map=given)
+    rollout(free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 2.0})
+    assert policy.threshold == pytest.approx(0.1)  # halfway in log threshold
 
 
 def check_recipe_and_evaluate(rule: str, env, free) -> None:

@@ -57,6 +57,7 @@ def test_native_form_follows_what_the_env_executed():
     policy.reset(obs(0, 0), info)
     # step 1 wanted reuse but the env computed it (used stays 0): A = 0, so 2: .25, 3: .5 reuse, 4: .75 computes
     assert [policy(obs(i, used)) for i, used in enumerate([0, 0, 0, 1, 2])] == [0, 1, 1, 1, 0]
+    assert policy(obs(4, 2)) == 0  # asked again at the same step: the same decision, nothing accumulated twice
     with pytest.raises(RuntimeError, match="expected step 0"):
         policy.reset(obs(0, 0), info)
         policy(obs(2, 0))

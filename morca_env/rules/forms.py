@@ -200,7 +200,7 @@ class NativeRule:
         self.rule.prepare(self.source.context(info))
         self.threshold = self.episode_threshold(info)
         self._gates = self.rule.gates(self.threshold)
-        self._used, self._step = 0, 0
+        self._used, self._step, self._last = 0, 0, None
 
     def episode_threshold(self, info) -> float:
         return self.threshold
@@ -209,6 +209,8 @@ class NativeRule:
         context = self.rule.context
         step = step_of(obs, context.num_steps)
         used = int(round(float(obs["scalars"][Scalar.u_t]) * context.num_steps))
+        if step == self._step - 1 and self._last is not None:  # asked again at the same step: same decision
+            return feasible(self._last, obs)
         if step != self._step:
             raise RuntimeError(f"{self.rule.name}: asked at step {step}, expected step {self._step}: call the policy "
                                "once per step, in order, after reset()")
@@ -217,7 +219,8 @@ class NativeRule:
                 gate.commit(used > self._used)
         self._used, self._step = used, step + 1
         wants = [gate.wants_reuse(step) for gate in self._gates]
-        return feasible(int(step not in context.forced and all(wants)), obs)
+        self._last = int(step not in context.forced and all(wants))
+        return feasible(self._last, obs)
 
 
 class GlobalRule(NativeRule):
@@ -276,6 +279,8 @@ def packaged_constants(rule: str, model: str | None) -> dict | None:
 
 
 def make_form(rule: Rule, form: str, threshold, source: Source, threshold_map=None):
+    if isinstance(threshold_map, dict):  # as a JSON recipe gives it
+        threshold_map = ThresholdMap.from_dict(threshold_map)
     if form == "native":
         return NativeRule(rule, threshold, source)
     if form == "global":
