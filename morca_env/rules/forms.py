@@ -88,7 +88,8 @@ class Source:
         if self.env is not None:
             den = self.env.denoiser
             return RunContext(n, forced, self.branches or den.branches, den.timesteps,
-                              [den.expert(i) for i in range(n)], self.calibration or self.env.calibration, self.model)
+                              [den.expert(i) for i in range(n)], self._calibration(n, forced) or self.env.calibration,
+                              self.model)
         if self.pipe is not None:
             timesteps = wan_structure.pipeline_timesteps(self.pipe, n)
             experts = wan_structure.experts(self.pipe)
@@ -237,7 +238,7 @@ class GlobalRule(NativeRule):
         if not info.get("target_speedup"):
             raise ValueError(f"{self.rule.name}-global needs a target speedup (reset with options={{'speedup': ...}}, "
                              "or accelerate(..., speedup=...))")
-        key = (self.rule.context.num_steps, self.rule.context.forced)
+        key = (self.rule.context.num_steps, self.rule.context.forced, id(self.rule.context.calibration))
         if self.threshold_map is None or (self._fitted_for is not None and self._fitted_for != key):
             if self.rule.context.calibration is None:
                 raise ValueError(f"{self.rule.name}-global needs a speedup calibration: pass env= or calibration=")
