@@ -17,8 +17,8 @@ the expert that runs each step (Wan2.2).
 
 Constants: the authors' T2V-1.3B polynomials (below); for our models, the ones
 `scripts/fit_cache_rules.py` fits by the authors' procedure. Thresholds in the
-authors' README for 1.3B: 0.05 / 0.07 / 0.08 (default 0.08); MORCA's Table 7:
-0.142 / 0.195 / 0.36 at ~2.4x / 3.0x / 4.0x.
+authors' README for 1.3B: 0.05 / 0.07 / 0.08 (settings "slow" / "medium" / "fast",
+our names; default 0.08); MORCA's Table 7: 0.142 / 0.195 / 0.36 at ~2.4x / 3.0x / 4.0x.
 """
 
 from __future__ import annotations
