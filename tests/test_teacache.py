@@ -32,11 +32,11 @@ def test_plain_rule_on_a_hand_written_trace():
 
 
 def test_retention_steps_force_the_first_five_and_not_the_last():
-    rule = rule_for([0.0, 9.0, 9.0, 9.0, 9.0, 0.25, 0.25, 0.25], use_ret_steps=True)
-    # 0-4 forced (their large distances never accumulate); 5: A .25; 6: A .5; 7: A .75 -> all reuse at delta 1
-    assert forms.branch_masks(rule, 1.0)["cond"] == [0, 0, 0, 0, 0, 1, 1, 1]
-    assert forms.branch_masks(rule_for([0.0, 9.0, 9.0, 9.0, 9.0, 0.25, 0.25, 0.25]), 1.0)["cond"] == \
-        [0, 0, 0, 0, 0, 1, 1, 0]  # plain: 1-4: A 9 -> compute; 5, 6 reuse; 7 (the last) forced
+    trace = [0.0, 9.0, 9.0, 9.0, 0.25, 0.25, 0.25, 0.25]
+    # retention steps: 0-4 forced (step 4's .25 never accumulates); 5: A .25; 6: A .5; 7: A .75 -> reuse at delta 1
+    assert forms.branch_masks(rule_for(trace, use_ret_steps=True), 1.0)["cond"] == [0, 0, 0, 0, 0, 1, 1, 1]
+    # plain: 1-3: A 9 -> compute; 4: .25, 5: .5, 6: .75 reuse; 7 (the last) forced
+    assert forms.branch_masks(rule_for(trace), 1.0)["cond"] == [0, 0, 0, 0, 1, 1, 1, 0]
 
 
 def test_native_form_follows_what_the_env_executed():
