@@ -78,8 +78,10 @@ class _DecisionHook(ModelHook):
 
 
 class _Run:
-    def __init__(self, pipe, policy, spec: BudgetSpec, budget: int, signal: str, branches):
+    def __init__(self, pipe, policy, spec: BudgetSpec, budget: int, signal: str, branches,
+                 target_speedup: float | None = None):
         self.pipe, self.policy, self.spec, self.budget = pipe, policy, spec, budget
+        self.target_speedup = target_speedup
         self.signal = signal
         self.experts = wan_structure.experts(pipe)
         self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
@@ -104,7 +106,7 @@ class _Run:
         obs = self.builder.observe(step, hidden, signal_input, sigma, valid)
         if step == 0:
             self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
-                                    "budget": self.budget, "target_speedup": None})
+                                    "budget": self.budget, "target_speedup": self.target_speedup})
         executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
         self.builder.record(step, executed)
         cache.reuse = bool(executed)
@@ -155,7 +157,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     budget = spec.check_budget(budget)
     guidance = call_kwargs.get("guidance_scale", 5.0)
     branches = lambda: wan_structure.branches(guidance)  # noqa: E731
-    run = _Run(pipe, policy, spec, budget, signal, branches)
+    run = _Run(pipe, policy, spec, budget, signal, branches, speedup)
     t0 = time.perf_counter()
     try:
         output = pipe(**call_kwargs)

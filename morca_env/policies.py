@@ -519,6 +519,16 @@ def _learned(kind: str):
     return build
 
 
+def _rule(module: str, form: str):
+    """A rule of `morca_env.rules.<module>` in one of its three forms (native, global, exact)."""
+    def build(env=None, **kwargs):
+        from importlib import import_module
+
+        return import_module(f"morca_env.rules.{module}").build(form, env, **kwargs)
+
+    return build
+
+
 SCHEDULERS = {
     "uniform": lambda env=None: UniformInterval(),
     "random": lambda env=None, seed=None: RandomFeasible(seed=seed),
@@ -530,6 +540,12 @@ SCHEDULERS = {
     "seacache-global": lambda env=None, threshold_map=None: GlobalSeaCache(_threshold_map(env, "seacache-global",
                                                                                         threshold_map)),
     "seacache-exact": lambda env=None, iterations=12: SeaCacheExactBudget(env, iterations),
+    "teacache": _rule("teacache", "native"),
+    "teacache-global": _rule("teacache", "global"),
+    "teacache-exact": _rule("teacache", "exact"),
+    "magcache": _rule("magcache", "native"),
+    "magcache-global": _rule("magcache", "global"),
+    "magcache-exact": _rule("magcache", "exact"),
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
