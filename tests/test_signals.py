@@ -86,18 +86,22 @@ def test_seacache_threshold_scheduler_matches_diffusers_seacache(signal, thresho
     assert len({tuple(s) for s in expected.values()}) >= 3  # the thresholds give different schedules
 
 
-def test_official_signal_is_block0_modulated_input(wan21_pipe):
-    transformer = wan21_pipe.transformer
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_official_signal_is_block0_modulated_input(wan21_pipe, dtype):
+    """Matches the input block 0's attention sees, on a non-square grid and for a bf16 model (float32 latents)."""
+    transformer = wan21_pipe.transformer.to(dtype)
+    transformer.condition_embedder.time_embedder.float()  # as Wan's _keep_in_fp32_modules loads it
     captured = {}
     handle = transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: captured.setdefault("u", args[0]))
-    x = torch.randn(1, 4, 3, 4, 4)
+    x = torch.randn(1, 4, 3, 4, 8)  # (F', H', W') = (3, 2, 4) tokens
     t = torch.tensor(637.0)
     with torch.no_grad():
-        transformer(x, t.expand(1), torch.randn(1, 8, 16), return_dict=False)
+        transformer(x.to(dtype), t.expand(1), torch.randn(1, 8, 16, dtype=dtype), return_dict=False)
         ours = official_signal_input(transformer, x, t)
     handle.remove()
-    assert ours.shape == (1, 3, 2, 2, 32)  # (B, F', H', W', D)
-    assert torch.allclose(ours.reshape(1, 12, 32), captured["u"], atol=1e-6)
+    assert ours.shape == (1, 3, 2, 4, 32)  # (B, F', H', W', D)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(ours.reshape(1, 24, 32).to(dtype).float(), captured["u"].float(), atol=tolerance)
 
 
 def test_tracker_accumulates_until_recompute():
