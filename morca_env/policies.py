@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .budget import BudgetSpec
+from .signals import seacache_reuses
 
 D_INDEX, T_INDEX, U_INDEX, K_INDEX = 1, 2, 4, 5
 
@@ -87,7 +88,7 @@ class SeaCacheThreshold:
         pass
 
     def __call__(self, obs) -> int:
-        return feasible(int(obs["scalars"][D_INDEX] < self.delta), obs)
+        return feasible(int(seacache_reuses(float(obs["scalars"][D_INDEX]), self.delta)), obs)
 
 
 def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float, forced, stop_above: int | None = None):
@@ -104,7 +105,7 @@ def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float,
     while not denoiser.done:
         i = denoiser.step_index
         tracker.observe(signal_input_for_step(kind, denoiser), denoiser.sigma(i))
-        action = int(i not in forced and denoiser.cache_valid(i) and tracker.accumulated < delta)
+        action = int(i not in forced and denoiser.cache_valid(i) and seacache_reuses(tracker.accumulated, delta))
         tracker.record(action)
         denoiser.step(reuse=bool(action))
         schedule.append(action)
@@ -287,4 +288,4 @@ class ThresholdCurve:
 
     def __call__(self, obs) -> int:
         i = min(step_index(obs, self.num_steps), self.num_steps - 1)
-        return feasible(int(obs["scalars"][D_INDEX] < self.curve[i]), obs)
+        return feasible(int(seacache_reuses(float(obs["scalars"][D_INDEX]), float(self.curve[i]))), obs)
