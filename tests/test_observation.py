@@ -103,3 +103,9 @@ def test_power_exponent_reaches_the_distance():
         distances.append(builder.observe(1, xs[1], xs[1], SIGMAS[1], True)["scalars"][0])
     expected = relative_l1(sea_filter(xs[1], SIGMAS[1], (2, 3, 4), 1.0), sea_filter(xs[0], SIGMAS[0], (2, 3, 4), 1.0))
     assert distances[1] == pytest.approx(expected, rel=1e-5) and distances[0] != pytest.approx(distances[1], rel=1e-3)
+
+
+def test_defaults_are_the_official_signal_and_power_three():
+    """MorcaEnv's default observation uses SeaCache's official signal and p = 3."""
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)))
+    assert builder.tracker.kind == "official" and builder.tracker.power_exp == 3.0 and builder.latent_features

@@ -121,3 +121,11 @@ def test_tracker_accumulates_until_recompute():
     assert tracker.accumulated == pytest.approx(d3)
     with pytest.raises(ValueError, match="signal kind"):
         StepDistanceTracker("teacache")
+
+
+def test_relative_l1_is_a_per_item_ratio_averaged_over_the_batch():
+    """Each video's distance is relative to its own scale, then the batch is averaged."""
+    previous = torch.stack([torch.ones(2, 3), 10 * torch.ones(2, 3)])
+    current = previous + torch.stack([torch.full((2, 3), 0.5), torch.full((2, 3), 1.0)])
+    assert relative_l1(current, previous) == pytest.approx((0.5 / 1 + 1.0 / 10) / 2)
+    assert relative_l1(torch.ones(1, 4), torch.zeros(1, 4)) > 1e6  # a zero previous signal: huge, not negative
