@@ -109,3 +109,16 @@ def test_defaults_are_the_official_signal_and_power_three():
     """MorcaEnv's default observation uses SeaCache's official signal and p = 3."""
     builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)))
     assert builder.tracker.kind == "official" and builder.tracker.power_exp == 3.0 and builder.latent_features
+
+
+@pytest.mark.parametrize("enforce_budget", [True, False])
+def test_a_missing_cache_forbids_reuse_on_a_free_step(enforce_budget):
+    """cache_valid reaches the mask (and defaults to False): no reuse without a residual."""
+    xs = latents(3)
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)), signal_kind="latent")
+    builder.reset(K, enforce_budget=enforce_budget)
+    builder.observe(0, xs[0], xs[0], SIGMAS[0], False)
+    builder.record(0, 0)
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1], False)["action_mask"].tolist() == [1, 0]
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1])["action_mask"].tolist() == [1, 0]
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1], True)["action_mask"].tolist() == [1, 1]
