@@ -42,6 +42,7 @@ def test_scalars_mask_and_feature_stack_follow_the_executed_actions():
             obs["scalars"], [expected_d[i], expected_big_d[i], (N - i) / N, since / N, used[i] / N, K / N, valid[i]],
             rtol=1e-5, atol=1e-7)
         assert obs["action_mask"].tolist() == masks[i] and obs["action_mask"].dtype == np.int8
+        assert obs["scalars"].dtype == np.float32  # as the env's observation space declares
         previous = phi[i - 1] if i else phi[i]
         last = phi[last_recompute[i]] if last_recompute[i] is not None else phi[i]
         pooled, temporal = stack_features(phi[i], previous, last)
