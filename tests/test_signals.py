@@ -25,7 +25,8 @@ def reference_filter(x, sigma, axes, p=3.0):
     return torch.fft.ifftn(torch.fft.fftn(x.double(), dim=axes) * gain, dim=axes).real
 
 
-@pytest.mark.parametrize("shape,axes", [((2, 5, 6, 7), (1, 2, 3)), ((1, 3, 4, 4, 8), (1, 2, 3))])
+@pytest.mark.parametrize("shape,axes", [((2, 5, 6, 7), (1, 2, 3)), ((1, 3, 4, 4, 8), (1, 2, 3)), ((3, 6, 8), (1, 2)),
+                                         ((4, 10), (1,))])
 @pytest.mark.parametrize("sigma", [0.02, 0.5, 0.97, 1.0])
 def test_sea_filter_matches_formula(shape, axes, sigma):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
