@@ -15,6 +15,7 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .observation import Scalar, step_of
+from .signals import seacache_reuses
 
 step_index = step_of  # the name the rule policies have always used
 
@@ -160,7 +161,7 @@ class SeaCacheThreshold:
         pass
 
     def __call__(self, obs) -> int:
-        return feasible(int(obs["scalars"][Scalar.D_t] < self.delta), obs)
+        return feasible(int(seacache_reuses(float(obs["scalars"][Scalar.D_t]), self.delta)), obs)
 
 
 def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float, forced, stop_above: int | None = None):
@@ -177,7 +178,7 @@ def seacache_free_run(denoiser, kind: str, prompt: str, seed: int, delta: float,
     while not denoiser.done:
         i = denoiser.step_index
         tracker.observe(signal_input_for_step(kind, denoiser), denoiser.sigma(i))
-        action = int(i not in forced and denoiser.cache_valid(i) and tracker.accumulated < delta)
+        action = int(i not in forced and denoiser.cache_valid(i) and seacache_reuses(tracker.accumulated, delta))
         tracker.record(action)
         denoiser.step(reuse=bool(action))
         schedule.append(action)
@@ -360,7 +361,7 @@ class ThresholdCurve:
 
     def __call__(self, obs) -> int:
         i = min(step_index(obs, self.num_steps), self.num_steps - 1)
-        return feasible(int(obs["scalars"][Scalar.D_t] < self.curve[i]), obs)
+        return feasible(int(seacache_reuses(float(obs["scalars"][Scalar.D_t]), float(self.curve[i]))), obs)
 
 
 class GlobalSeaCache(SeaCacheThreshold):

@@ -27,7 +27,11 @@ def module_results(root: Path) -> dict[str, dict[str, str]]:
     for meta in sorted(root.rglob("*.py.meta")):
         data = json.loads(meta.read_text())
         module = str(meta.relative_to(root))[: -len(".meta")]
-        out[module] = {name: STATUS.get(code, "suspicious") for name, code in data["exit_code_by_key"].items()}
+        statuses = {name: STATUS.get(code, "suspicious") for name, code in data["exit_code_by_key"].items()}
+        out[module] = {name: status for name, status in statuses.items() if status != "not checked"}
+        unchecked = len(statuses) - len(out[module])
+        if unchecked:
+            print(f"{module}: {unchecked} mutants not checked yet (left out below)", file=sys.stderr)
     return out
 
 

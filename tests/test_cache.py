@@ -204,3 +204,76 @@ def test_each_cfg_branch_reuses_its_own_residual_on_both_wan22_experts(wan22_pip
         den, [wan22_pipe.transformer, wan22_pipe.transformer_2], schedule, embeds)
     assert set(reused) == {(0, "cond"), (0, "uncond"), (1, "cond"), (1, "uncond")}
     den.close()
+
+
+def block_inputs(transformer, dtype=torch.float32, seed=0):
+    """Inputs of one block call on a 3 x 2 x 2 token grid: (h, encoder states, temb, rope)."""
+    g = torch.Generator().manual_seed(seed)
+    ehs = transformer.condition_embedder.text_embedder(prompt_embeds()[0].to(dtype))
+    rope = transformer.rope(torch.randn(1, 4, 3, 4, 4))
+    return torch.randn(1, 12, 32, generator=g).to(dtype), ehs, torch.randn(1, 6, 32, generator=g).to(dtype), rope
+
+
+def test_hooks_pass_through_outside_a_cache_context_and_accept_keyword_calls(wan21_pipe):
+    """Outside `cache_context` the blocks behave as without hooks; inside, keyword calls cache like positional ones."""
+    transformer = wan21_pipe.transformer
+    h, ehs, temb, rope = block_inputs(transformer)
+    with torch.no_grad():
+        plain = [block(h, ehs, temb, rope) for block in transformer.blocks]
+        cache = ResidualCache(transformer)
+        cache.reuse = True  # ignored outside a context
+        hooked = [block(h, ehs, temb, rope) for block in transformer.blocks]
+        with transformer.cache_context("cond"):
+            cache.reuse = False
+            x = h
+            for block in transformer.blocks:
+                x = block(hidden_states=x, encoder_hidden_states=ehs, temb=temb, rotary_emb=rope)
+            cache.reuse = True
+            h2 = h + 1.0
+            y = h2
+            for block in transformer.blocks:
+                y = block(hidden_states=y, encoder_hidden_states=ehs, temb=temb, rotary_emb=rope)
+    cache.remove()
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+    assert torch.allclose(y, h2 + (x - h), atol=1e-6)
+
+
+def test_reset_forgets_residuals_and_the_reuse_decision(wan21_pipe):
+    transformer = wan21_pipe.transformer
+    h, ehs, temb, rope = block_inputs(transformer)
+    cache = ResidualCache(transformer)
+    with torch.no_grad(), transformer.cache_context("cond"):
+        with pytest.raises(RuntimeError, match="no residual is cached"):
+            cache.reuse = True
+            transformer.blocks[0](h, ehs, temb, rope)
+        cache.reuse = False
+        for block in transformer.blocks:
+            block(h, ehs, temb, rope)
+        assert cache.is_valid(("cond",)) and not cache.is_valid(("cond", "uncond"))
+        cache.reuse = True
+    cache.reset()  # as at the start of a video, between transformer calls
+    assert cache.reuse is False and not cache.is_valid(("cond",)) and cache.call_counts == (0, 0)
+    with torch.no_grad(), transformer.cache_context("cond"):
+        with pytest.raises(RuntimeError, match="no residual is cached"):
+            cache.reuse = True
+            transformer.blocks[0](h, ehs, temb, rope)
+    cache.remove()
+
+
+def test_bf16_model_keeps_a_float32_residual_and_returns_its_own_dtype(wan21_pipe):
+    """A bf16 model's residual is stored in float32; a reused step still hands bf16 to the output layers."""
+    transformer = wan21_pipe.transformer.to(torch.bfloat16)
+    h, ehs, temb, rope = block_inputs(transformer, torch.bfloat16)
+    cache = ResidualCache(transformer)
+    with torch.no_grad(), transformer.cache_context("cond"):
+        x = h
+        for block in transformer.blocks:
+            x = block(x, ehs, temb, rope)
+        residual = cache._states.get_state().residual
+        cache.reuse = True
+        y = h
+        for block in transformer.blocks:
+            y = block(y, ehs, temb, rope)
+    cache.remove()
+    assert residual.dtype == torch.float32 and torch.equal(residual, x.float() - h.float())
+    assert y.dtype == torch.bfloat16 and torch.equal(y, (h.float() + residual).to(torch.bfloat16))

@@ -42,6 +42,7 @@ def test_scalars_mask_and_feature_stack_follow_the_executed_actions():
             obs["scalars"], [expected_d[i], expected_big_d[i], (N - i) / N, since / N, used[i] / N, K / N, valid[i]],
             rtol=1e-5, atol=1e-7)
         assert obs["action_mask"].tolist() == masks[i] and obs["action_mask"].dtype == np.int8
+        assert obs["scalars"].dtype == np.float32  # as the env's observation space declares
         previous = phi[i - 1] if i else phi[i]
         last = phi[last_recompute[i]] if last_recompute[i] is not None else phi[i]
         pooled, temporal = stack_features(phi[i], previous, last)
@@ -103,3 +104,22 @@ def test_power_exponent_reaches_the_distance():
         distances.append(builder.observe(1, xs[1], xs[1], SIGMAS[1], True)["scalars"][0])
     expected = relative_l1(sea_filter(xs[1], SIGMAS[1], (2, 3, 4), 1.0), sea_filter(xs[0], SIGMAS[0], (2, 3, 4), 1.0))
     assert distances[1] == pytest.approx(expected, rel=1e-5) and distances[0] != pytest.approx(distances[1], rel=1e-3)
+
+
+def test_defaults_are_the_official_signal_and_power_three():
+    """MorcaEnv's default observation uses SeaCache's official signal and p = 3."""
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)))
+    assert builder.tracker.kind == "official" and builder.tracker.power_exp == 3.0 and builder.latent_features
+
+
+@pytest.mark.parametrize("enforce_budget", [True, False])
+def test_a_missing_cache_forbids_reuse_on_a_free_step(enforce_budget):
+    """cache_valid reaches the mask (and defaults to False): no reuse without a residual."""
+    xs = latents(3)
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)), signal_kind="latent")
+    builder.reset(K, enforce_budget=enforce_budget)
+    builder.observe(0, xs[0], xs[0], SIGMAS[0], False)
+    builder.record(0, 0)
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1], False)["action_mask"].tolist() == [1, 0]
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1])["action_mask"].tolist() == [1, 0]
+    assert builder.observe(1, xs[1], xs[1], SIGMAS[1], True)["action_mask"].tolist() == [1, 1]

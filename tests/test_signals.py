@@ -25,7 +25,8 @@ def reference_filter(x, sigma, axes, p=3.0):
     return torch.fft.ifftn(torch.fft.fftn(x.double(), dim=axes) * gain, dim=axes).real
 
 
-@pytest.mark.parametrize("shape,axes", [((2, 5, 6, 7), (1, 2, 3)), ((1, 3, 4, 4, 8), (1, 2, 3))])
+@pytest.mark.parametrize("shape,axes", [((2, 5, 6, 7), (1, 2, 3)), ((1, 3, 4, 4, 8), (1, 2, 3)), ((3, 6, 8), (1, 2)),
+                                         ((4, 10), (1,))])
 @pytest.mark.parametrize("sigma", [0.02, 0.5, 0.97, 1.0])
 def test_sea_filter_matches_formula(shape, axes, sigma):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
@@ -86,18 +87,22 @@ def test_seacache_threshold_scheduler_matches_diffusers_seacache(signal, thresho
     assert len({tuple(s) for s in expected.values()}) >= 3  # the thresholds give different schedules
 
 
-def test_official_signal_is_block0_modulated_input(wan21_pipe):
-    transformer = wan21_pipe.transformer
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_official_signal_is_block0_modulated_input(wan21_pipe, dtype):
+    """Matches the input block 0's attention sees, on a non-square grid and for a bf16 model (float32 latents)."""
+    transformer = wan21_pipe.transformer.to(dtype)
+    transformer.condition_embedder.time_embedder.float()  # as Wan's _keep_in_fp32_modules loads it
     captured = {}
     handle = transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: captured.setdefault("u", args[0]))
-    x = torch.randn(1, 4, 3, 4, 4)
+    x = torch.randn(1, 4, 3, 4, 8)  # (F', H', W') = (3, 2, 4) tokens
     t = torch.tensor(637.0)
     with torch.no_grad():
-        transformer(x, t.expand(1), torch.randn(1, 8, 16), return_dict=False)
+        transformer(x.to(dtype), t.expand(1), torch.randn(1, 8, 16, dtype=dtype), return_dict=False)
         ours = official_signal_input(transformer, x, t)
     handle.remove()
-    assert ours.shape == (1, 3, 2, 2, 32)  # (B, F', H', W', D)
-    assert torch.allclose(ours.reshape(1, 12, 32), captured["u"], atol=1e-6)
+    assert ours.shape == (1, 3, 2, 4, 32)  # (B, F', H', W', D)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(ours.reshape(1, 24, 32).to(dtype).float(), captured["u"].float(), atol=tolerance)
 
 
 def test_tracker_accumulates_until_recompute():
@@ -117,3 +122,11 @@ def test_tracker_accumulates_until_recompute():
     assert tracker.accumulated == pytest.approx(d3)
     with pytest.raises(ValueError, match="signal kind"):
         StepDistanceTracker("teacache")
+
+
+def test_relative_l1_is_a_per_item_ratio_averaged_over_the_batch():
+    """Each video's distance is relative to its own scale, then the batch is averaged."""
+    previous = torch.stack([torch.ones(2, 3), 10 * torch.ones(2, 3)])
+    current = previous + torch.stack([torch.full((2, 3), 0.5), torch.full((2, 3), 1.0)])
+    assert relative_l1(current, previous) == pytest.approx((0.5 / 1 + 1.0 / 10) / 2)
+    assert relative_l1(torch.ones(1, 4), torch.zeros(1, 4)) > 1e6  # a zero previous signal: huge, not negative

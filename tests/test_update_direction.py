@@ -132,3 +132,64 @@ def test_reinforce_moves_towards_the_action_with_the_higher_return(tmp_path):
     trainer.train()
     after = prob_of_best(logits)
     assert_moved_towards_best(before, after)
+
+
+def test_reinforce_loss_is_the_baselined_log_likelihood_over_free_steps(tmp_path):
+    """loss = -sum_free log pi(a|s) (R - b) / #free, with the running baseline once there is one."""
+    from agents.networks import masked_logits
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    d3rlpy.seed(0)
+    trainer = Reinforce(TwoStateEnv(), ReinforceConfig(learning_rate=2e-3), tmp_path / "r", progress=False)
+    assert trainer.network.trunk.branch3d is not None  # default features: the latent branches read C channels
+    group = trainer.optimizer.param_groups[0]
+    assert group["lr"] == 2e-3 and group["weight_decay"] == 0.01
+    rng = np.random.default_rng(0)
+
+    def observation(state, forced):
+        obs = toy_observation(state)
+        obs["pooled"] = rng.normal(size=obs["pooled"].shape).astype(np.float16)  # datasets store float16
+        obs["action_mask"] = np.array([1, 0] if forced else [1, 1], np.int8)
+        return obs
+
+    episodes = [([observation(0, True), observation(0, False), observation(1, False)], [0, 1, 0], 30.0),
+                ([observation(1, True), observation(1, False)], [0, 1], 20.0)]
+
+    def expected(baseline):
+        total, count = 0.0, 0
+        for observations, actions, ret in episodes:
+            for obs, action in zip(observations, actions):
+                if obs["action_mask"].sum() < 2:
+                    continue
+                x = [torch.as_tensor(np.asarray(obs[k], np.float32))[None]
+                     for k in ("pooled", "temporal", "scalars", "action_mask")]
+                logp = torch.log_softmax(masked_logits(trainer.network(*x[:3]), x[3]), dim=1)[0, action]
+                total, count = total + float(logp) * (ret - baseline), count + 1
+        return -total / count
+
+    with torch.no_grad():
+        assert float(trainer.loss(episodes)) == pytest.approx(expected(25.0), rel=1e-5)  # first batch: mean return
+        trainer.baseline = 22.0
+        assert float(trainer.loss(episodes)) == pytest.approx(expected(22.0), rel=1e-5)
+
+
+def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    config = ReinforceConfig(learning_rate=3e-3, episodes_per_update=4, total_episodes=10, features="",
+                             speedup_range=(1.5, 2.5))
+    runs = []
+    for name in ("a", "b"):
+        trainer = Reinforce(TwoStateEnv(), config, tmp_path / name, progress=False)
+        trainer.train()
+        assert trainer.episodes_done == 10 and len(trainer.history) == 3  # batches of 4, 4 and 2
+        runs.append(torch.cat([p.detach().flatten() for p in trainer.network.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+    with torch.no_grad():
+        trainer.network.head.weight.zero_()
+        trainer.network.head.bias.zero_()  # equal logits: a greedy policy takes action 0, a sampling one does not
+    policy = trainer.policy()
+    obs = toy_observation(0)
+    assert [policy(obs) for _ in range(20)] == [0] * 20
+    sampled = trainer.policy(deterministic=False)
+    assert 0 < sum(sampled(obs) for _ in range(40)) < 40
