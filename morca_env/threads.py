@@ -4,8 +4,8 @@ Measured on the project's 2-core VM: offline IQL with 2 torch threads next to on
 other busy process ran 20-75x slower (two threads fighting over one free core,
 each waiting at every barrier for the other); with 1 thread it ran at about half
 speed. So the default is the cores this process may run on, minus the ones other
-processes keep busy now (the 1-minute load average), shared among the workers
-we start, and never less than 1.
+processes keep busy now (sampled from /proc/stat), shared among the workers we
+start, and never less than 1. `benchmarks/bench_contention.py` measures it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,28 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores() -> int:
-    """Cores other processes keep busy now (1-minute load average, rounded down); 0 where unknown."""
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores from /proc/stat's first line."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(window_s: float = 0.3) -> int:
+    """Cores other processes keep busy right now, rounded to the nearest core.
+
+    Sampled from /proc/stat over `window_s` (the 1-minute load average lags a job that
+    just started by up to a minute, exactly when a new job must not take its core);
+    the load average where /proc/stat is missing; 0 where neither is known.
+    """
+    try:
+        busy0, total0 = _cpu_times()
+        time.sleep(window_s)
+        busy1, total1 = _cpu_times()
+        if total1 > total0:
+            return int(round((busy1 - busy0) / (total1 - total0) * available_cores()))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return int(math.floor(os.getloadavg()[0]))
     except (AttributeError, OSError):

@@ -41,3 +41,28 @@ def test_configure_sets_torch(monkeypatch):
         assert threads.configure_threads(1, quiet=True) == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_a_busy_process_at_once():
+    """The 1-minute load average would miss a job started a second ago; /proc/stat sampling does not."""
+    import multiprocessing as mp
+    import os
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("needs /proc/stat")
+    idle_before = threads.busy_cores(0.3)
+    spinner = mp.get_context("fork").Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        import time
+
+        time.sleep(0.3)
+        assert threads.busy_cores(0.5) >= min(idle_before + 1, threads.available_cores())
+    finally:
+        spinner.kill()
+        spinner.join()
+
+
+def _spin():
+    while True:
+        pass
