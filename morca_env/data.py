@@ -185,7 +185,7 @@ def completed_indices(staging: Path, num_episodes: int) -> set[int]:
 
 
 # ------------------------------------------------------------------ workers
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """End this worker when the collecting process dies, even by SIGKILL (no orphans running on)."""
     import signal
     import sys
@@ -209,7 +209,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict,
             parent_pid: int) -> None:
-    _exit_with_parent(parent_pid)
+    exit_with_parent(parent_pid)
     try:
         import torch
 

@@ -319,12 +319,17 @@ class SearchTask:
 _WORKER_ENV = None
 
 
-def _init_worker(env_id: str, env_kwargs: dict, threads: int) -> None:
+def _init_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None = None) -> None:
     global _WORKER_ENV
     import gymnasium as gym
     import torch
 
     import morca_env  # noqa: F401
+
+    if parent_pid is not None:  # a pool worker: no orphan searching on after its driver is killed
+        from .data import exit_with_parent
+
+        exit_with_parent(parent_pid)
 
     torch.set_num_threads(threads)
     _WORKER_ENV = gym.make(env_id, **env_kwargs)
@@ -370,7 +375,7 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
             bar.update()
     else:
         ctx = mp.get_context("fork" if threads == 1 else "spawn")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(env_id, kwargs, threads)) as pool:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(env_id, kwargs, threads, os.getpid())) as pool:
             for data in pool.imap_unordered(_run_task, jobs):
                 results[data["name"]] = data
                 bar.update()
