@@ -24,3 +24,24 @@ def json_dict(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of env kwargs")
     return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer (valid: 0, 1, 2, ...)")
+    return value
+
+
+def speedup(text: str) -> float:
+    """A target speedup: a number >= 1 (the env checks the upper end against its calibration)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value >= 1.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a speedup (valid: a number >= 1, e.g. 2.5)")
+    return value

@@ -34,21 +34,22 @@ from morca_env.calibrate import measure_calibration
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
+from morca_env.cli import json_dict, nonnegative_int, positive_int
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0", help="registered env id")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of extra env kwargs")
-    p.add_argument("--budgets", type=int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
-    p.add_argument("--repeats", type=int, default=6, help="rounds over all budgets")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
-    p.add_argument("--timing-repeats", type=int, default=3,
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of extra env kwargs")
+    p.add_argument("--budgets", type=nonnegative_int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
+    p.add_argument("--repeats", type=positive_int, default=6, help="rounds over all budgets")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--timing-repeats", type=positive_int, default=3,
                    help="each timed run counts by its fastest of this many back-to-back runs (1: single runs)")
     p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
     p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
     p.add_argument("--thresholds", action="store_true", help="fit the SeaCache threshold -> speedup map instead")
-    p.add_argument("--prompts", type=int, default=8, help="training prompts per threshold (--thresholds)")
+    p.add_argument("--prompts", type=positive_int, default=8, help="training prompts per threshold (--thresholds)")
     return p.parse_args(argv)
 
 
@@ -91,7 +92,7 @@ def calibrate_thresholds(args, kwargs) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.threads = configure_threads(args.threads)
-    kwargs = {"lpips": False, **json.loads(args.env_kwargs)}
+    kwargs = {"lpips": False, **args.env_kwargs}
     if args.thresholds:
         return calibrate_thresholds(args, kwargs)
     env = gym.make(args.env, budget=0, **kwargs).unwrapped

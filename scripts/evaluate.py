@@ -49,6 +49,7 @@ from morca_env.models.presets import load_threshold_map
 from morca_env.rollout import rollout
 from morca_env.video import side_by_side, write_video
 from morca_env.threads import configure_threads
+from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
 
 def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
     """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
@@ -257,22 +258,22 @@ def plot_schedules(out: Path, schedules: dict[str, list[int]], title: str):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", default="{}")
+    p.add_argument("--env-kwargs", type=json_dict, default={})
     p.add_argument("--suite", help="prompt suite (default: the env's held-out eval suite)")
-    p.add_argument("--prompts", type=int, default=200)
-    p.add_argument("--skip-prompts", type=int, default=0,
+    p.add_argument("--prompts", type=positive_int, default=200)
+    p.add_argument("--skip-prompts", type=nonnegative_int, default=0,
                    help="start after the suite's first N prompts (e.g. keep prompts used to pick settings out of a report)")
-    p.add_argument("--targets", type=float, nargs="+", help="speedups (default: the model's eval targets)")
+    p.add_argument("--targets", type=speedup, nargs="+", help="speedups (default: the model's eval targets)")
     p.add_argument("--methods", nargs="+", default=["uniform", "seacache-global", "seacache-exact", "random"])
     p.add_argument("--out", type=Path, default=Path("runs/eval"))
-    p.add_argument("--videos", type=int, default=3, help="prompts to render side by side (at the middle target)")
+    p.add_argument("--videos", type=nonnegative_int, default=3, help="prompts to render side by side (at the middle target)")
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
-    p.add_argument("--calibrate", type=int, default=0, metavar="ROUNDS",
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--calibrate", type=nonnegative_int, default=0, metavar="ROUNDS",
                    help="measure the speedup calibration first (ROUNDS rounds over ~10 budgets, ~0.5 s per episode "
                         "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "
                         "0 (default): the installed calibration")
-    p.add_argument("--timing-repeats", type=int, default=1, metavar="R",
+    p.add_argument("--timing-repeats", type=positive_int, default=1, metavar="R",
                    help="time every stock generation and episode R times back to back and count the fastest "
                         "(timeit's convention; a shared machine's noise only adds time); R x the episodes")
     p.add_argument("--feedback", action="store_true",
@@ -284,13 +285,11 @@ def main(argv=None) -> int:
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
     args = p.parse_args(argv)
-    if args.timing_repeats < 1:
-        p.error(f"--timing-repeats {args.timing_repeats} must be >= 1")
     if args.feedback and args.same_k:
         p.error("--feedback and --same-k exclude each other: per-method feedback would give each method its own K")
     args.threads = configure_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    kwargs = {"lpips": args.lpips, **json.loads(args.env_kwargs)}
+    kwargs = {"lpips": args.lpips, **args.env_kwargs}
     preset = morca_env.models.presets.PRESETS[gym.spec(args.env).kwargs["model"]]
     args.targets = args.targets or list(preset.eval_targets)
     env = gym.make(args.env, budget=0, prompts=args.suite or preset.eval_suite, **kwargs)

@@ -19,12 +19,13 @@ from pathlib import Path
 from morca_env.io import atomic_write_text
 from morca_env.prompts import get_suite
 from morca_env.search import searched_episodes
+from morca_env.cli import positive_int
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logs", type=Path, nargs="+", help="search output directories (*.jsonl logs)")
-    p.add_argument("--per-search", type=int, default=None, help="episodes kept per (search, prompt): best half + random")
+    p.add_argument("--per-search", type=positive_int, default=None, help="episodes kept per (search, prompt): best half + random")
     p.add_argument("--exclude-suite", default="tiny-eval")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)

@@ -24,25 +24,26 @@ from morca_env.io import atomic_write_text
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
+from morca_env.cli import json_dict, nonnegative_int, positive_int
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of env arguments (e.g. num_inference_steps)")
-    p.add_argument("--budgets", type=int, nargs="+", required=True, help="the K values to fit")
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
+    p.add_argument("--budgets", type=nonnegative_int, nargs="+", required=True, help="the K values to fit")
     p.add_argument("--prompts", default="tiny-train:12", help="training prompt suite with fixed seeds (<suite>:<n>)")
-    p.add_argument("--evaluations", type=int, default=120, help="schedules evaluated per K")
+    p.add_argument("--evaluations", type=positive_int, default=120, help="schedules evaluated per K")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/fixed_schedule"), help="search logs (resumable)")
     p.add_argument("--save", default="user", help="'user', 'packaged' or a file path")
     args = p.parse_args(argv)
     if args.prompts.startswith("tiny-eval") or args.prompts.startswith("vbench-eval"):
         p.error(f"--prompts {args.prompts!r} is an evaluation suite; fit on training prompts")
     pairs = tuple(get_suite(args.prompts).pairs())
-    env_kwargs = json.loads(args.env_kwargs)
+    env_kwargs = args.env_kwargs
     spec = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped.budget_spec
     for k in args.budgets:
         spec.check_budget(k)

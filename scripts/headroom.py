@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from _runner import ROOT, run
+from morca_env.cli import positive_int, speedup
 
 RULES = ["random", "uniform", "seacache-global", "seacache-exact"]
 
@@ -29,14 +30,14 @@ RULES = ["random", "uniform", "seacache-global", "seacache-exact"]
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("runs/headroom"))
-    p.add_argument("--prompts", type=int, default=60)
-    p.add_argument("--oracle-prompts", type=int, default=10)
-    p.add_argument("--oracle-evaluations", type=int, default=80)
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0])
+    p.add_argument("--prompts", type=positive_int, default=60)
+    p.add_argument("--oracle-prompts", type=positive_int, default=10)
+    p.add_argument("--oracle-evaluations", type=positive_int, default=80)
+    p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
     p.add_argument("--fixed", default=None, help="a fitted StaticSchedule file (default: the installed one)")
     p.add_argument("--morca", action="append", default=[], metavar="LABEL=CHECKPOINT",
                    help="learned schedulers to compare (repeatable)")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--latent-features", action="store_true",
                    help="run the env with latent features (schedulers whose networks read them); default: the "
                         "lean env, for rules and scalar-state schedulers")

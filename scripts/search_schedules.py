@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
+from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
 
 
 def task_name(prompt: str, seed: int, budget: int) -> str:
@@ -34,15 +34,15 @@ def task_name(prompt: str, seed: int, budget: int) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", default="{}", help="JSON dict of env arguments (e.g. num_inference_steps)")
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--prompts", default="tiny-eval", help="prompt suite (evaluation suites have fixed seeds)")
-    p.add_argument("--skip", type=int, default=0, help="start at this prompt of the suite")
-    p.add_argument("--count", type=int, default=10, help="number of prompts")
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0])
-    p.add_argument("--evaluations", type=int, default=100, help="schedules evaluated per search")
+    p.add_argument("--skip", type=nonnegative_int, default=0, help="start at this prompt of the suite")
+    p.add_argument("--count", type=positive_int, default=10, help="number of prompts")
+    p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
+    p.add_argument("--evaluations", type=positive_int, default=100, help="schedules evaluated per search")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     suite = get_suite(args.prompts)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         p.error(f"--skip {args.skip} / --count {args.count}: the suite has {len(suite)} prompts (skip in "
                 f"[0, {len(suite) - 1}], count >= 1)")
     pairs = suite.pairs()[args.skip: args.skip + args.count]
-    env_kwargs = json.loads(args.env_kwargs)
+    env_kwargs = args.env_kwargs
     env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped
     tasks = [SearchTask(task_name(prompt, seed, k), ((prompt, seed),), k)
              for target in args.targets for prompt, seed in pairs

@@ -183,6 +183,23 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["finetune_online.py", "--env-kwargs", "speedup=2"], "argument --env-kwargs: 'speedup=2' is not JSON"),
     (["train_reinforce.py", "--episodes-per-update", "0"], "argument --episodes-per-update: '0' is not a positive integer"),
     (["train_reinforce.py", "--threads", "0"], "argument --threads: '0' is not a positive integer"),
+    (["evaluate.py", "--prompts", "0"], "argument --prompts: '0' is not a positive integer"),
+    (["evaluate.py", "--skip-prompts", "-1"], "argument --skip-prompts: '-1' is not a non-negative integer"),
+    (["evaluate.py", "--targets", "0.5"], "argument --targets: '0.5' is not a speedup (valid: a number >= 1"),
+    (["evaluate.py", "--env-kwargs", "{x}"], "argument --env-kwargs: '{x}' is not JSON"),
+    (["evaluate.py", "--videos", "some"], "argument --videos: 'some' is not a non-negative integer"),
+    (["evaluate.py", "--calibrate", "-2"], "argument --calibrate: '-2' is not a non-negative integer"),
+    (["search_schedules.py", "--out", "o", "--count", "0"], "argument --count: '0' is not a positive integer"),
+    (["search_schedules.py", "--out", "o", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
+    (["search_schedules.py", "--out", "o", "--targets", "nan"], "argument --targets: 'nan' is not a speedup"),
+    (["search_schedules.py", "--out", "o", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
+    (["fit_fixed_schedule.py", "--budgets", "-3"], "argument --budgets: '-3' is not a non-negative integer"),
+    (["fit_fixed_schedule.py", "--budgets", "30", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
+    (["calibrate.py", "--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
+    (["calibrate.py", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
+    (["export_searched.py", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
+    (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
+    (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
 ]
 
 
@@ -196,7 +213,8 @@ def load_script(name: str):
 
 
 @pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
-def test_script_argument(args, fragment, capsys):
+def test_script_argument(args, fragment, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the orchestrating scripts import scripts/_runner.py
     recipe = str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json")
     script, argv = args[0], [recipe if a == "RECIPE" else a for a in args[1:]]
     with pytest.raises(SystemExit) as exit_info:
