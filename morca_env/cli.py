@@ -6,14 +6,22 @@ import argparse
 import json
 
 
-def positive_int(text: str) -> int:
+def _integer_at_least(text: str, minimum: int, name: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (valid: 1, 2, ...)")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {name} (valid: {minimum}, {minimum + 1}, ...)")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _integer_at_least(text, 1, "positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    return _integer_at_least(text, 0, "non-negative integer")
 
 
 def json_dict(text: str) -> dict:
@@ -23,16 +31,6 @@ def json_dict(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error}); valid: a JSON object of env kwargs")
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of env kwargs")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer (valid: 0, 1, 2, ...)")
     return value
 
 
