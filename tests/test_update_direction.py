@@ -16,7 +16,8 @@ from gymnasium import spaces
 
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
-from agents.training import episode_from_rollout, make_buffer
+from agents.training import episode_from_trajectory, make_buffer
+from morca_env.rollout import Trajectory
 
 C = 1
 BEST = {0: 1, 1: 0}  # state A (0): reuse is better; state B (1): recompute is better
@@ -58,8 +59,16 @@ def toy_buffer(episodes_per_pair: int = 8):
         for action in (0, 1):
             reward = GOOD if action == BEST[state] else BAD
             for _ in range(episodes_per_pair):
-                episodes.append(episode_from_rollout([toy_observation(state)], [action], [reward]))
+                episodes.append(toy_episode(state, action, reward))
     return make_buffer(episodes)
+
+
+def toy_episode(state: int, action: int, reward: float):
+    """A one-step episode in `state` as the env's rollout records it (o_0 and the terminal o_1)."""
+    first, last = toy_observation(state), toy_observation(state, terminal=True)
+    observations = {k: np.stack([first[k], last[k]]) for k in first}
+    return episode_from_trajectory(Trajectory(actions=np.array([action]), rewards=np.array([reward], np.float32),
+                                              info={}, reset_info={}, observations=observations))
 
 
 def prob_of_best(policy_logits) -> np.ndarray:
@@ -167,10 +176,13 @@ def test_reinforce_loss_is_the_baselined_log_likelihood_over_free_steps(tmp_path
                 total, count = total + float(logp) * (ret - baseline), count + 1
         return -total / count
 
+    # the trainer takes each episode's observations stacked per key, as morca_env.rollout records them
+    stacked = [({k: np.stack([o[k] for o in observations]) for k in observations[0]}, actions, ret)
+               for observations, actions, ret in episodes]
     with torch.no_grad():
-        assert float(trainer.loss(episodes)) == pytest.approx(expected(25.0), rel=1e-5)  # first batch: mean return
+        assert float(trainer.loss(stacked)) == pytest.approx(expected(25.0), rel=1e-5)  # first batch: mean return
         trainer.baseline = 22.0
-        assert float(trainer.loss(episodes)) == pytest.approx(expected(22.0), rel=1e-5)
+        assert float(trainer.loss(stacked)) == pytest.approx(expected(22.0), rel=1e-5)
 
 
 def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
