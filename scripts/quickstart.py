@@ -27,6 +27,8 @@ from pathlib import Path
 
 from _runner import ROOT, resume_flag, run
 
+from morca_env.cli import nonnegative_int, speedup
+
 SCALES = {
     # quick: scalar state features and Monte-Carlo returns, the variant that learns at CPU scale
     # (docs/results/ablation_tiny.md); paper: the paper's network (latent features) and one-step TD
@@ -49,9 +51,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=tuple(SCALES), default="quick")
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"))
-    for name, value in SCALES["quick"].items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None)
-    p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0])
+    for name, value in SCALES["quick"].items():  # counts: 0 means "no cap" where a size is a cap
+        p.add_argument(f"--{name.replace('_', '-')}", type=nonnegative_int if isinstance(value, int) else str,
+                       default=None)
+    p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
     args = p.parse_args(argv)
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}
     out = args.out if args.out.is_absolute() else ROOT / args.out

@@ -199,6 +199,8 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["calibrate.py", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
     (["export_searched.py", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
     (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
+    (["quickstart.py", "--episodes", "-4"], "argument --episodes: '-4' is not a non-negative integer"),
+    (["quickstart.py", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
     (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
 ]
 
