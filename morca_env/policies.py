@@ -293,9 +293,16 @@ class ThresholdMap:
         of the time (`old`); a threshold's K does not depend on the machine, so reading
         `old` backwards and `new` forwards gives today's speedup.
         """
-        speedups = np.array([new.speedup_of_budget(old.budget_at(rho)) for rho in self.speedups])
-        keep = np.isfinite(speedups)
-        return ThresholdMap(speedups[keep], self.thresholds[keep], source=f"{self.source}, recalibrated: {new.source}")
+        speedups = [new.speedup_of_budget(old.budget_at(rho)) for rho in self.speedups]
+        keep = []  # a strictly increasing, finite part: thresholds whose K reads as one speedup say nothing more
+        for i, rho in enumerate(speedups):
+            if np.isfinite(rho) and (not keep or rho > speedups[keep[-1]] + 1e-9):
+                keep.append(i)
+        if len(keep) < 2:
+            raise ValueError(f"the threshold map re-read through {new.source!r} keeps fewer than 2 distinct speedups "
+                             f"({[round(float(r), 3) for r in speedups]}); measure the calibration again")
+        return ThresholdMap(np.asarray(speedups)[keep], self.thresholds[keep],
+                            source=f"{self.source}, recalibrated: {new.source}")
 
     def to_dict(self) -> dict:
         return {"speedups": self.speedups.tolist(), "thresholds": self.thresholds.tolist(), "source": self.source}

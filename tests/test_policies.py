@@ -63,3 +63,17 @@ def test_threshold_map_recalibrated_keeps_each_thresholds_budget():
     assert moved.thresholds.tolist() == tmap.thresholds.tolist()
     assert moved(new.speedup_of_budget(25.0)) == pytest.approx(0.3)
     assert "recalibrated: new" in moved.source
+
+
+def test_threshold_map_recalibrated_drops_thresholds_that_collapse_to_one_speedup():
+    """A calibration measured on a noisy machine can read two thresholds' K as the same speedup (a flat
+    measured curve): those add nothing, and the map must still build from the increasing part."""
+    old = SpeedupCalibration(alpha=20.0, beta=20.0, max_budget=18, source="old")
+    flat = SpeedupCalibration(alpha=20.0, beta=20.0, max_budget=18, source="flat",
+                              points=[[0, 1.0], [4, 0.8], [8, 0.6], [12, 0.6], [16, 0.6]])
+    tmap = ThresholdMap([1.2, 1.5, 2.0, 2.5], [0.05, 0.1, 0.2, 0.4])
+    moved = tmap.recalibrated(old, flat)
+    assert len(moved.speedups) >= 2 and np.all(np.diff(moved.speedups) > 0)
+    with pytest.raises(ValueError, match="fewer than 2 distinct speedups"):
+        ThresholdMap([1.2, 1.5], [0.05, 0.1]).recalibrated(old, SpeedupCalibration(
+            alpha=20.0, beta=20.0, max_budget=18, source="flat", points=[[0, 0.6], [18, 0.6]]))
