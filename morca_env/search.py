@@ -141,6 +141,7 @@ class SchedulePlayer:
         self.prompt, self.seed = prompt, int(seed)
         self.denoiser = StepwiseDenoiser(self.env.pipe, self.env.config, device=self.env.device)
         self._anchor: tuple[list[int], list, float] | None = None  # (schedule, snapshots before each step, reward)
+        self._reference = None
 
     def close(self) -> None:
         self.denoiser.close()
@@ -156,8 +157,10 @@ class SchedulePlayer:
         forced = sorted(i for i in env.budget_spec.forced if schedule[i])
         if forced:
             raise ValueError(f"the schedule reuses on forced steps {forced}")
-        env.reset(options={"prompt": self.prompt, "seed": self.seed, "budget": 0})  # the reference, as episodes get it
-        reference = env.reference_video
+        if self._reference is None:  # the reference exactly as the env's episodes get it (once per player)
+            env.reset(options={"prompt": self.prompt, "seed": self.seed, "budget": 0})
+            self._reference = env.reference_video
+        reference = self._reference
         den = self.denoiser
         if self._anchor is None:
             den.start(prompt=self.prompt, seed=self.seed)
