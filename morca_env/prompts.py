@@ -7,7 +7,12 @@
 * ``tiny-train`` / ``tiny-eval``: MorcaTiny's prompt grammar (see ``morca_env.models.tiny``);
 * ``<suite>:<n>``: the first n prompts of a suite, each with a fixed seed, so that
   repeated draws reuse their no-cache references (the paper's Wan2.1 data has
-  1000 prompts x 4 schedules): e.g. ``tiny-train:250``.
+  1000 prompts x 4 schedules): e.g. ``tiny-train:250``. ``tiny-train`` is in the
+  grammar's order, so a prefix holds few colours and shapes (``tiny-train:250``: red
+  circles and squares only);
+* ``<suite>[start:stop:step]``: a Python slice of a suite, with the same fixed seeds:
+  ``tiny-train[::22]`` spreads 253 prompts over the whole grammar, and
+  ``tiny-train[11::132]`` is a 43-prompt validation set disjoint from it.
 
 The split is a seeded permutation of the packaged prompt file, so it is the
 same on every machine and never reads anything outside the installed package.
@@ -85,11 +90,42 @@ def _builtin(name: str) -> PromptSuite:
 SUITE_NAMES = ("vbench-train", "vbench-eval", "vbench-all", "tiny-train", "tiny-eval")
 
 
+def _fixed_seeds(suite: PromptSuite) -> tuple[int, ...]:
+    """One fixed seed per prompt of a suite; `<suite>:<n>` and `<suite>[a:b:c]` pick from the same stream."""
+    if suite.seeds is not None:
+        return suite.seeds
+    return tuple(int(s) for s in np.random.default_rng(_SPLIT_SEED + 2).integers(0, 2**31 - 1, len(suite)))
+
+
+def _sliced(spec: str) -> PromptSuite:
+    """`<suite>[start:stop:step]`, Python slice semantics: e.g. `tiny-train[::22]`, prompts spread over the
+    whole grammar (a prefix `tiny-train:250` holds only its first scenes: red circles and squares)."""
+    base, _, inner = spec[:-1].partition("[")
+    parts = inner.split(":")
+    try:
+        if base not in SUITE_NAMES or not 1 <= len(parts) <= 3 or len(parts) == 1:
+            raise ValueError
+        start, stop, step = (int(x) if x.strip() else None for x in parts + [""] * (3 - len(parts)))
+    except ValueError:
+        raise ValueError(f"prompts={spec!r}: expected <suite>[start:stop:step] (Python slice, integers) with a suite "
+                         f"among {', '.join(SUITE_NAMES)}") from None
+    if step is not None and step < 1:
+        raise ValueError(f"prompts={spec!r}: step={step} must be >= 1")
+    suite = _builtin(base)
+    picked = range(len(suite))[slice(start, stop, step)]
+    if not picked:
+        raise ValueError(f"prompts={spec!r} selects no prompt of {base!r} ({len(suite)} prompts)")
+    seeds = _fixed_seeds(suite)
+    return PromptSuite(spec, tuple(suite.prompts[i] for i in picked), tuple(seeds[i] for i in picked))
+
+
 def get_suite(prompts: str | Sequence[str] | PromptSuite) -> PromptSuite:
     """Resolve the env's `prompts` argument: a suite name, a list of prompts, or a suite."""
     if isinstance(prompts, PromptSuite):
         return prompts
     if isinstance(prompts, str):
+        if prompts.endswith("]") and "[" in prompts:
+            return _sliced(prompts)
         base, _, count = prompts.partition(":")
         if count:
             if base not in SUITE_NAMES or not count.isdigit() or int(count) < 1:
@@ -97,9 +133,7 @@ def get_suite(prompts: str | Sequence[str] | PromptSuite) -> PromptSuite:
                                  " and n >= 1")
             suite = _builtin(base)
             n = min(int(count), len(suite))
-            seeds = suite.seeds[:n] if suite.seeds is not None else tuple(
-                int(s) for s in np.random.default_rng(_SPLIT_SEED + 2).integers(0, 2**31 - 1, n))
-            return PromptSuite(prompts, suite.prompts[:n], seeds)
+            return PromptSuite(prompts, suite.prompts[:n], _fixed_seeds(suite)[:n])
         if prompts not in SUITE_NAMES:
             raise ValueError(f"unknown prompt suite {prompts!r}; valid suites: {', '.join(SUITE_NAMES)} (or pass a list of prompts)")
         return _builtin(prompts)
