@@ -420,24 +420,33 @@ class SearchedSchedules(_FixedSchedule):
         return list(self.found[self.key])
 
 
-class JitteredUniform(_FixedSchedule):
-    """Uniform spacing moved by `moves` random swaps of nearby steps (behaviour data near a good schedule)."""
+class Jittered(_FixedSchedule):
+    """A fixed schedule (uniform spacing, the best fixed schedule) moved by `moves` random swaps of nearby steps:
+    behaviour data near a good schedule, so offline RL sees which small deviations pay on which prompts."""
 
-    def __init__(self, moves: int = 4, max_shift: int = 2, seed: int | None = None):
+    def __init__(self, base: _FixedSchedule, moves: int = 4, max_shift: int = 2, seed: int | None = None):
         if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
             raise ValueError(f"moves={moves!r} must be a non-negative integer")
-        self.moves, self.max_shift = moves, max_shift
+        if isinstance(max_shift, bool) or not isinstance(max_shift, int) or max_shift < 1:
+            raise ValueError(f"max_shift={max_shift!r} must be an integer >= 1")
+        self.base, self.moves, self.max_shift = base, moves, max_shift
         self.rng = np.random.default_rng(seed)
 
     def plan(self, spec, budget):
         from .search import SearchConfig, propose
 
-        schedule = UniformInterval().plan(spec, budget)
+        schedule = self.base.plan(spec, budget)
         config = SearchConfig(max_shift=self.max_shift, far_fraction=0.0)
-        for _ in range(self.moves):
-            moved = propose(schedule, spec, self.rng, config)
-            schedule = moved if moved is not None else schedule
+        for _ in range(self.moves):  # each move is one near swap; a proposal that falls on its own kind is redrawn
+            moved = next((m for m in (propose(schedule, spec, self.rng, config) for _ in range(100)) if m is not None),
+                         None)
+            schedule = moved if moved is not None else schedule  # None: K = 0 or K_max, nothing can move
         return schedule
+
+
+def JitteredUniform(moves: int = 4, max_shift: int = 2, seed: int | None = None) -> Jittered:
+    """Uniform spacing moved by `moves` random near swaps (the name recipes and older code use)."""
+    return Jittered(UniformInterval(), moves, max_shift, seed)
 
 
 class ReplaySchedules(_FixedSchedule):
@@ -558,13 +567,14 @@ SCHEDULERS = {
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
     "jittered-uniform": lambda env=None, **options: JitteredUniform(**options),
+    "jittered-best-fixed": lambda env=None, path=None, **options: Jittered(SCHEDULERS["best-fixed"](env, path), **options),
     "replay": lambda env=None, path=None: ReplaySchedules(path),
     "mixture": lambda env=None, components=(), seed=None: Mixture(components, env, seed),
     "morca": _learned("morca"),
     "reinforce": _learned("reinforce"),
 }
 ALIASES = {"behaviour": "threshold-curve", "behavior": "threshold-curve", "static": "best-fixed"}
-SEEDED = ("random", "threshold-curve", "behaviour", "behavior", "jittered-uniform", "mixture")  # names whose constructors take a seed
+SEEDED = ("random", "threshold-curve", "behaviour", "behavior", "jittered-uniform", "jittered-best-fixed", "mixture")  # names whose constructors take a seed
 
 
 def make(name: str, env=None, **kwargs):

@@ -13,7 +13,7 @@ from morca_env.rollout import rollout
 KWARGS = {"random": {"seed": 0}, "fixed": {"schedule": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]},
           "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]},
           "mixture": {"components": [{"name": "uniform"}, {"name": "seacache", "delta": 0.2}], "seed": 0}}
-NEEDS_FILES = ("best-fixed", "searched", "replay", "morca", "reinforce")  # covered below, in test_search, test_agents
+NEEDS_FILES = ("best-fixed", "jittered-best-fixed", "searched", "replay", "morca", "reinforce")  # covered below, in test_search, test_agents
 
 
 @pytest.fixture
@@ -111,5 +111,23 @@ def test_mixture_draws_each_component_by_weight_and_replays_stored_schedules(env
     played = rollout(env, jitter, {"prompt": "a red circle", "seed": 0, "budget": 6})
     uniform = policies.UniformInterval().plan(env.unwrapped.budget_spec, 6)
     assert played.num_reuse == 6 and played.schedule != uniform
+    assert sum(a != b for a, b in zip(played.schedule, uniform)) <= 2 * 3  # 3 near swaps move at most 6 steps
+
+
+def test_jittered_best_fixed_moves_the_fitted_schedule_a_little(envs, tmp_path):
+    import json
+
+    env, _ = envs
+    spec = env.unwrapped.budget_spec
+    fitted = [0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # 5 reuses, far from uniform
+    path = tmp_path / "fixed.json"
+    path.write_text(json.dumps({"schedules": {"5": fitted}}))
+    assert policies.make("jittered-best-fixed", env, path=str(path), moves=0).plan(spec, 5) == fitted
+    for seed in range(5):
+        moved = policies.make("jittered-best-fixed", env, path=str(path), moves=1, seed=seed).plan(spec, 5)
+        changed = [i for i, (a, b) in enumerate(zip(moved, fitted)) if a != b]
+        assert sum(moved) == 5 and len(changed) == 2 and changed[1] - changed[0] <= 2  # one near swap
+    with pytest.raises(ValueError, match="max_shift=0"):
+        policies.make("jittered-best-fixed", env, path=str(path), max_shift=0)
     with pytest.raises(ValueError, match="weights"):
         policies.make("mixture", env, components=[{"name": "uniform", "weight": -1}])
