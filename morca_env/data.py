@@ -519,7 +519,8 @@ def transition_picker(n_step: int = 1):
 
 
 def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n_step: int = 1):
-    """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset.
+    """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset, or from several (a list: their episodes in order;
+    `episode_indices` then applies to the first only, e.g. a prefix of a mixture plus all of a searched dataset).
 
     Each episode of N steps gives N transitions: observations[0..N-1] with the
     action taken there; the final (terminal) observation is the next observation
@@ -536,8 +537,11 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     if observation not in ("tuple", "flat"):
         raise ValueError(f"observation={observation!r}; valid: 'tuple', 'flat'")
     convert = tuple_observation if observation == "tuple" else flatten_observation
+    datasets = list(dataset) if isinstance(dataset, (list, tuple)) else [dataset]
+    if not datasets:
+        raise ValueError("to_replay_buffer needs at least one dataset")
     episodes = []
-    for ep in dataset.iterate_episodes(episode_indices):
+    for ep in (e for i, d in enumerate(datasets) for e in d.iterate_episodes(episode_indices if i == 0 else None)):
         obs = {k: np.asarray(v) for k, v in ep.observations.items()}
         n = len(ep.actions)
         if any(len(v) != n + 1 for v in obs.values()):

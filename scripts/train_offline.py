@@ -34,7 +34,8 @@ from morca_env.threads import configure_threads
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="morca/tiny/random-v0", help="Minari dataset id")
+    p.add_argument("--dataset", nargs="+", default=["morca/tiny/random-v0"],
+                   help="Minari dataset id(s); several are trained on together (--episodes limits the first)")
     p.add_argument("--epochs", type=positive_int, default=200)
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate of all networks")
     p.add_argument("--batch-size", type=positive_int, default=256)
@@ -60,8 +61,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     configure_threads(args.threads)
     d3rlpy.seed(args.seed)
-    dataset = minari.load_dataset(args.dataset)
-    buffer = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, args.episodes),
+    datasets = [minari.load_dataset(name) for name in args.dataset]
+    dataset = datasets[0]
+    buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(dataset, args.episodes),
                               n_step=args.n_step)
     encoder = MorcaEncoderFactory(features=args.features)
     algo = DiscreteIQLConfig(actor_learning_rate=args.lr, critic_learning_rate=args.lr, batch_size=args.batch_size,
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
         print(f"resumed from {path} (epoch {start})")
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     epoch_steps = steps_per_epoch(buffer, args.batch_size, args.max_steps_per_epoch)
-    print(f"{args.dataset}: {buffer.size()} of {dataset.total_episodes} episodes, {buffer.transition_count} transitions; "
+    print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes, {buffer.transition_count} transitions; "
           f"{epoch_steps} updates per epoch, epochs {start + 1}..{args.epochs}")
     writer = SummaryWriter(str(args.run_dir / "tb"))
     for epoch in range(start, args.epochs):
