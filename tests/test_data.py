@@ -74,6 +74,11 @@ def test_collect_load_invariants_and_cql(roots):
     assert len(prefix.episodes) == 2 and np.array_equal(prefix.episodes[1].actions, buffer.episodes[1].actions)
     with pytest.raises(ValueError, match=r"episodes=6 is outside \[1, 5\]"):
         first_episodes(dataset, 6)
+    # several datasets: the prefix applies to the first, the others come whole, in order
+    both = to_replay_buffer([dataset, dataset], "tuple", episode_indices=[1, 2])
+    assert len(both.episodes) == 2 + 5 and both.transition_count == 70
+    assert np.array_equal(both.episodes[0].actions, buffer.episodes[1].actions)
+    assert np.array_equal(both.episodes[2].actions, buffer.episodes[0].actions)
     # n-step returns over the whole horizon: every transition's target is its episode's terminal reward
     monte_carlo = to_replay_buffer(dataset, "tuple", n_step=10)
     batch = monte_carlo.sample_transition_batch(64)
