@@ -5,7 +5,9 @@
     python scripts/quickstart.py --episodes 300 --offline-epochs 10 ...   # anything in between
 
 Runs the same scripts you would run at full scale, one after the other:
-  1. scripts/collect.py          offline trajectories (random threshold curves) -> Minari dataset
+  1. scripts/collect.py          offline trajectories -> Minari dataset: the mixture recipe (threshold curves,
+                                 jittered uniform spacing, replayed searched schedules; docs/results/headroom_tiny.md)
+                                 at the quick scale, the paper's random threshold curves at --scale paper
   2. scripts/train_offline.py    offline discrete IQL
   3. scripts/finetune_online.py  online fine-tuning rounds
   4. scripts/evaluate.py         measures this machine's speedup calibration, then MORCA vs SeaCache
@@ -31,12 +33,14 @@ from morca_env.cli import nonnegative_int, speedup
 
 SCALES = {
     # quick: scalar state features and Monte-Carlo returns, the variant that learns at CPU scale
-    # (docs/results/ablation_tiny.md); paper: the paper's network (latent features) and one-step TD
+    # (docs/results/ablation_tiny.md), on the mixture data (threshold curves alone: -0.2 / -0.4 dB against the
+    # best fixed schedule at 2.5x / 3x; the mixture: +0.7 / +0.1, docs/results/headroom_tiny.md);
+    # paper: the paper's data, network (latent features) and one-step TD
     # (96 episodes x 2400 updates collapsed to "reuse until the budget runs out"; 400 x 4800 does not)
-    "quick": dict(episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80, rounds=2, trajectories=16,
+    "quick": dict(recipe="datasets/morca/tiny/mixture-v0.json", episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80, rounds=2, trajectories=16,
                   warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8, calibration_rounds=6,
                   timing_repeats=2, features="", n_step=50),
-    "paper": dict(episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
+    "paper": dict(recipe="datasets/morca/tiny/random-v0.json", episodes=1000, workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
                   warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200, calibration_rounds=10,
                   timing_repeats=3, features="p3,mean,var", n_step=1),
 }
@@ -61,11 +65,11 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MINARI_DATASETS_PATH": str(out / "minari"), "MORCA_CACHE_DIR": str(out / "cache"),
            "PYTHONUNBUFFERED": "1"}
-    dataset = "morca/tiny/quickstart-v0"
+    dataset = f"morca/tiny/quickstart-{Path(sizes['recipe']).stem}"  # one dataset per recipe: a rerun never mixes them
     t0 = time.perf_counter()
     cap = lambda n: ["--max-steps-per-epoch", str(n)] if n else []  # noqa: E731
 
-    run("1/4 collect", ["scripts/collect.py", "datasets/morca/tiny/random-v0.json", "--dataset-id", dataset,
+    run("1/4 collect", ["scripts/collect.py", sizes["recipe"], "--dataset-id", dataset,
                         "--episodes", str(sizes["episodes"]), "--workers", str(sizes["workers"])], env)
     offline = out / "offline"
     offline_args = ["scripts/train_offline.py", "--dataset", dataset, "--epochs", str(sizes["offline_epochs"]),
