@@ -17,7 +17,8 @@ One ``ResidualCache`` per transformer, so Wan2.2's two experts keep separate sta
 For rules that decide from the first block (FirstBlockCache, DiCache) the leader
 also *observes*, never deciding: per branch it keeps block 0's non-hidden call
 arguments (text context, rotary embedding: the same at every step of a video) and,
-with ``keep_head``, block 0's output residual at the branch's latest computed call.
+with ``keep_head``, block 0's output residual at the branch's latest computed call;
+with ``keep_output`` (EasyCache), the transformer's output at that call.
 ``bypassed()`` lets a probe run blocks outside the cache (`signals.head_block_residual`).
 """
 
@@ -56,6 +57,7 @@ class _BranchState(BaseState):
         self.skipping = False
         self.head_arguments: dict | None = None  # block 0's call arguments but hidden_states (latest call)
         self.head_residual: torch.Tensor | None = None  # block 0's output - input, latest computed call (keep_head)
+        self.model_output: torch.Tensor | None = None  # the transformer's output, latest computed call (keep_output)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class _Controller:
     reused_calls: int = 0
     bypass: bool = False  # a probe is running blocks: every hook passes through
     keep_head: bool = False  # keep block 0's output residual per branch (rules that read it)
+    keep_output: bool = False  # keep the transformer's output per branch (rules that read it)
 
 
 def _hidden_states(args, kwargs) -> torch.Tensor:
@@ -166,6 +169,7 @@ class ResidualCache:
             registry.register_hook(hook, name)
             self._registries.append((registry, name))
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
+        self._output_hook = transformer.register_forward_hook(self._observe_output)
 
     @property
     def reuse(self) -> bool:
@@ -201,6 +205,26 @@ class ResidualCache:
         """Block 0's output - input (float32) at `branch`'s latest computed call (needs `keep_head`), else None."""
         state = self._states._state_cache.get(branch)
         return None if state is None else state.head_residual
+
+    def model_output(self, branch: str) -> torch.Tensor | None:
+        """The transformer's output at `branch`'s latest computed call (needs `keep_output`), else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None else state.model_output
+
+    @property
+    def keep_output(self) -> bool:
+        return self._controller.keep_output
+
+    @keep_output.setter
+    def keep_output(self, value: bool) -> None:
+        self._controller.keep_output = bool(value)
+
+    def _observe_output(self, module, args, output) -> None:
+        """Observe only: a computed call's output, by reference (a new tensor each call)."""
+        if not self._controller.keep_output or self._controller.reuse or self._states._context is None:
+            return
+        sample = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
+        self._states.get_state().model_output = sample.detach()
 
     @contextmanager
     def bypassed(self):
@@ -238,6 +262,7 @@ class ResidualCache:
         for registry, name in reversed(self._registries):
             registry.remove_hook(name, recurse=False)
         self._registries.clear()
+        self._output_hook.remove()
         HookRegistry.check_if_exists_or_initialize(self.transformer).invalidate_child_registries_cache()
 
     @property

@@ -557,6 +557,9 @@ SCHEDULERS = {
     "first-block-cache": _rule("first_block_cache", "native"),
     "first-block-cache-global": _rule("first_block_cache", "global"),
     "first-block-cache-exact": _rule("first_block_cache", "exact"),
+    "easycache": _rule("easycache", "native"),
+    "easycache-global": _rule("easycache", "global"),
+    "easycache-exact": _rule("easycache", "exact"),
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),

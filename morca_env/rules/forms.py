@@ -141,10 +141,11 @@ def reuses_at(rule: Rule, threshold: float) -> int:
     return sum(simulate(rule.gates(threshold), rule.context.num_steps, rule.context.forced))
 
 
-def search_threshold(schedule_at, budget: int, iterations: int = 100, start: float = 1e-3):
+def search_threshold(schedule_at, budget: int, iterations: int = 100, start: float = 1e-3, rtol: float = 1e-15):
     """Bisection on a threshold for a schedule with `budget` reuses: (threshold, schedule), the closest when none
     has K. `schedule_at(threshold)` is the rule's schedule without a budget; it may stop once it holds more than
-    `budget` reuses (a run-time rule's free run does).
+    `budget` reuses (a run-time rule's free run does). The search ends after `iterations` halvings or when the
+    bracket is narrower than `rtol` times its top (the count jumps there: no threshold gives K).
 
     The reuse count never falls as the threshold grows (a larger threshold only lets
     each accumulator run longer), so the search keeps the largest threshold below K and
@@ -161,7 +162,7 @@ def search_threshold(schedule_at, budget: int, iterations: int = 100, start: flo
     while count(hi) < budget and hi < 1e12:
         lo, hi = hi, hi * 4
     for _ in range(iterations):
-        if count(hi) == budget or hi - lo <= 1e-15 * hi:
+        if count(hi) == budget or hi - lo <= rtol * hi:
             break
         mid = (lo + hi) / 2
         if count(mid) < budget:

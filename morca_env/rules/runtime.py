@@ -75,16 +75,43 @@ class HeadSignal:
         return residual
 
 
-class TraceSignal:
-    """A hand-written (or recorded) signal: the value at each step, for unit tests and parity checks."""
+class OutputSignal:
+    """One branch's model input before each step (`input(step)`) and model output after a computed one (`output`)."""
 
-    def __init__(self, values):
-        self.values = [torch.as_tensor(v, dtype=torch.float32) for v in values]
+    def __init__(self, view: RunView, branch: str):
+        self.view, self.branch = view, branch
+
+    def input(self, step: int) -> torch.Tensor:
+        return self.view.step_input(step)[1]
+
+    def output(self, step: int) -> torch.Tensor:
+        output = self.view.cache(step).model_output(self.branch)
+        if output is None:
+            raise RuntimeError(f"step {step} computed but the model output of branch {self.branch!r} was not kept "
+                               "(ResidualCache.keep_output)")
+        return output
+
+
+class TraceSignal:
+    """A hand-written (or recorded) signal for unit tests and parity checks: `values` per step (probe, observed),
+    or `inputs` and `outputs` per step (input, output)."""
+
+    def __init__(self, values=None, inputs=None, outputs=None):
+        def tensors(seq):
+            return None if seq is None else [torch.as_tensor(v, dtype=torch.float32) for v in seq]
+
+        self.values, self.inputs, self.outputs = tensors(values), tensors(inputs), tensors(outputs)
 
     def probe(self, step: int) -> torch.Tensor:
         return self.values[step]
 
     observed = probe
+
+    def input(self, step: int) -> torch.Tensor:
+        return self.inputs[step]
+
+    def output(self, step: int) -> torch.Tensor:
+        return self.outputs[step]
 
 
 class RuntimeRule(forms.Rule):
@@ -92,12 +119,18 @@ class RuntimeRule(forms.Rule):
 
     runtime = True
     keeps_head = True  # the rule reads block 0's residual from the cache
+    keeps_output = False  # the rule reads the transformer's output from the cache
 
     def prepare(self, context: forms.RunContext) -> None:
         super().prepare(context)
-        if context.view is not None and self.keeps_head:
-            for cache in context.view.caches:
-                cache.keep_head = True
+        if context.view is not None:
+            self.observe(context.view.caches)
+
+    def observe(self, caches) -> None:
+        """Ask the run's residual caches to keep what this rule reads (they only observe)."""
+        for cache in caches:
+            cache.keep_head = cache.keep_head or self.keeps_head
+            cache.keep_output = cache.keep_output or self.keeps_output
 
     def signals(self, view: RunView) -> list:
         return [HeadSignal(view, branch) for branch in self.context.branches]
@@ -139,8 +172,7 @@ def free_run(rule: RuntimeRule, denoiser, start: dict, threshold: float, forced,
     """The rule on its own (no budget) over a fresh run of `denoiser.start(**start)`; see `play`."""
     denoiser.start(**start)
     view = denoiser
-    for cache in view.caches:
-        cache.keep_head = rule.keeps_head
+    rule.observe(view.caches)
 
     return play(rule.gates(threshold, rule.signals(view)), denoiser.num_steps, forced,
                 lambda step, action: denoiser.step(reuse=bool(action)), stop_above, denoiser.cache_valid)
@@ -223,7 +255,8 @@ class ExactRuntimeRule(_FixedSchedule):
             self.replays += 1
             return replay.run(self.rule, threshold, spec.forced, stop_above=budget)
 
-        self.last_threshold, schedule = forms.search_threshold(schedule_at, budget, self.iterations)
+        # thresholds to 1%: each try is a generation, and finer steps rarely change a run-time rule's count
+        self.last_threshold, schedule = forms.search_threshold(schedule_at, budget, self.iterations, rtol=0.01)
         self.clipped = None
         if sum(schedule) != budget:
             self.clipped = (sum(schedule), budget)
