@@ -17,7 +17,7 @@ One ``ResidualCache`` per transformer, so Wan2.2's two experts keep separate sta
 For rules that decide from the first block (FirstBlockCache, DiCache) the leader
 also *observes*, never deciding: per branch it keeps block 0's non-hidden call
 arguments (text context, rotary embedding: the same at every step of a video) and,
-with ``keep_head``, block 0's output residual at the branch's latest computed call;
+with ``keep_head``, block 0's input and output at the branch's latest computed call;
 with ``keep_output`` (EasyCache), the transformer's output at that call.
 ``bypassed()`` lets a probe run blocks outside the cache (`signals.head_block_residual`).
 """
@@ -56,7 +56,7 @@ class _BranchState(BaseState):
         self.block_input: torch.Tensor | None = None
         self.skipping = False
         self.head_arguments: dict | None = None  # block 0's call arguments but hidden_states (latest call)
-        self.head_residual: torch.Tensor | None = None  # block 0's output - input, latest computed call (keep_head)
+        self.head: tuple | None = None  # block 0's (input, output), latest computed call (keep_head; references)
         self.model_output: torch.Tensor | None = None  # the transformer's output, latest computed call (keep_output)
 
 
@@ -126,8 +126,8 @@ class _LeaderHook(_CacheHook):
         state.block_input = hidden
         self.controller.computed_calls += 1
         output = self.fn_ref.original_forward(*args, **kwargs)
-        if self.controller.keep_head:
-            state.head_residual = (output.float() - hidden.float()).detach()
+        if self.controller.keep_head:  # references, no copy: a block never writes into its input or output
+            state.head = (hidden.detach(), output.detach())
         return self._finish(state, output)
 
 
@@ -201,10 +201,15 @@ class ResidualCache:
         state = self._states._state_cache.get(branch)
         return None if state is None else state.head_arguments
 
+    def head_output(self, branch: str) -> torch.Tensor | None:
+        """Block 0's output (float32) at `branch`'s latest computed call (needs `keep_head`), else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None or state.head is None else state.head[1].float()
+
     def head_residual(self, branch: str) -> torch.Tensor | None:
         """Block 0's output - input (float32) at `branch`'s latest computed call (needs `keep_head`), else None."""
         state = self._states._state_cache.get(branch)
-        return None if state is None else state.head_residual
+        return None if state is None or state.head is None else state.head[1].float() - state.head[0].float()
 
     def model_output(self, branch: str) -> torch.Tensor | None:
         """The transformer's output at `branch`'s latest computed call (needs `keep_output`), else None."""

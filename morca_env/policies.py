@@ -560,6 +560,12 @@ SCHEDULERS = {
     "easycache": _rule("easycache", "native"),
     "easycache-global": _rule("easycache", "global"),
     "easycache-exact": _rule("easycache", "exact"),
+    "dicache": _rule("dicache", "native"),
+    "dicache-global": _rule("dicache", "global"),
+    "dicache-exact": _rule("dicache", "exact"),
+    "acid": _rule("acid", "native"),
+    "acid-global": _rule("acid", "global"),
+    "acid-exact": _rule("acid", "exact"),
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),

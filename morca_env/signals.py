@@ -160,7 +160,15 @@ def seacache_reuses(accumulated: float, threshold: float) -> bool:
 @torch.no_grad()
 def head_block_residual(model, cache, branch: str, hidden_states: torch.Tensor, timestep: torch.Tensor,
                         depth: int = 1) -> torch.Tensor:
-    """The probe of FirstBlockCache and DiCache: blocks[:depth]'s output minus input (float32, tokens) for `branch`
+    """FirstBlockCache's probe: blocks[:depth]'s output minus input (float32, tokens); see `head_block`."""
+    tokens, output = head_block(model, cache, branch, hidden_states, timestep, depth)
+    return output - tokens
+
+
+@torch.no_grad()
+def head_block(model, cache, branch: str, hidden_states: torch.Tensor, timestep: torch.Tensor,
+               depth: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe of FirstBlockCache and DiCache: blocks[:depth]'s (input tokens, output), float32, for `branch`
     at the model input `hidden_states` (B, C, F, H, W) and `timestep`, run before the step is decided.
 
     It repeats what a Wan transformer call does up to those blocks: the patch embedding, the
@@ -187,4 +195,4 @@ def head_block_residual(model, cache, branch: str, hidden_states: torch.Tensor, 
     with cache.bypassed():
         for block in model.blocks[:depth]:
             out = block(out, **arguments)
-    return out.float() - tokens.float()
+    return tokens.float(), out.float()

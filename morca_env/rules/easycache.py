@@ -48,16 +48,21 @@ class EasyGate:
         self.previous_input = None  # x_{t-1}, updated every step
         self.last_input = self.last_output = None  # x_i, o_i of the last computed step
         self._step, self._input = None, None
+        self.drift: float | None = None  # this step's predicted change, when measured
 
     def wants_reuse(self, step: int) -> bool:
         self._step, self._input = step, self.signal.input(step)
-        self._pending = 0.0
+        self._pending, self.drift = 0.0, None
         if step in self.forced or self.k is None or self.previous_input is None or self.last_output is None:
             return False
         scale = mean_abs(self.last_output)
-        predicted = self.k * mean_abs(self._input - self.previous_input) / scale if scale > 0 else math.inf
-        self._pending = self.accumulated + predicted
-        return self._pending < self.threshold
+        self.drift = self.k * mean_abs(self._input - self.previous_input) / scale if scale > 0 else math.inf
+        self._pending = self.accumulated + self.drift
+        return self.below(self.threshold)
+
+    def below(self, threshold: float) -> bool:
+        """The skip test of the accumulated prediction against `threshold` (ACID tests it against another one)."""
+        return self._pending < threshold
 
     def commit(self, reused: bool) -> None:
         if reused:

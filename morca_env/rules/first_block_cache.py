@@ -49,14 +49,19 @@ class FirstBlockGate:
         self.signal, self.threshold, self.forced, self.strict = signal, threshold, forced, strict
         self.reference: torch.Tensor | None = None
         self._step, self._current = None, None
+        self.drift: float | None = None  # this step's relative change, when measured
 
     def wants_reuse(self, step: int) -> bool:
-        self._step, self._current = step, None
+        self._step, self._current, self.drift = step, None, None
         if step in self.forced or self.reference is None:  # forced, or no reference yet: compute, no probe
             return False
         self._current = self.signal.probe(step)
-        diff = relative_change(self._current, self.reference)
-        return diff < self.threshold if self.strict else diff <= self.threshold
+        self.drift = relative_change(self._current, self.reference)
+        return self.below(self.threshold)
+
+    def below(self, threshold: float) -> bool:
+        """The skip test of this step's change against `threshold` (ACID tests it against another one)."""
+        return self.drift < threshold if self.strict else self.drift <= threshold
 
     def commit(self, reused: bool) -> None:
         if not reused:  # a computed step becomes the reference

@@ -1,10 +1,13 @@
-"""The three forms of rules that decide from run-time signals (outputs of the model): FirstBlockCache, ...
+"""The three forms of rules that decide from run-time signals (outputs of the model): FirstBlockCache, EasyCache,
+DiCache, ACID.
 
 TeaCache's and MagCache's schedules are known before the run (`forms`). A run-time rule
 reads what the model computes as the video is made (block 0's output residual, model
 outputs), so its schedule exists only by running it. It keeps `forms`' gate protocol;
 its gates read a live run (`RunView`) and their `commit` comes after the step ran, so a
-computed step's observations are there:
+computed step's observations are there. Their gates also expose `drift` (the increment
+measured at the step, None when nothing was) and `below(threshold)` (the rule's skip test
+against another threshold), which the ACID wrapper (`acid`) reads. The forms:
 
 * native: `forms.NativeRule` as is, over the episode's own run (env or `accelerate`);
 * exact budget (`ExactRuntimeRule`): `forms.search_threshold` over *free runs*: the rule
@@ -18,9 +21,9 @@ computed step's observations are there:
   prompt here), converted with the env's calibration; or a given `threshold_map`.
 
 Signals come from what the model computes: `RunView.cache(step)` is the run's
-`ResidualCache`, which observes block 0 (`head_arguments`, `head_residual`); where a rule
+`ResidualCache`, which observes block 0 (`head_arguments`, `head_residual`, `head_output`); where a rule
 needs a value before the step is decided, a probe runs the first block(s) on the step's
-input (`signals.head_block_residual`) and its time is the policy's, so evaluate.py's
+input (`signals.head_block`) and its time is the policy's, so evaluate.py's
 per-step policy time and `accelerate`'s latency count it.
 """
 
@@ -35,7 +38,7 @@ import numpy as np
 import torch
 
 from ..policies import ThresholdMap, _FixedSchedule
-from ..signals import head_block_residual
+from ..signals import head_block
 from . import forms
 
 logger = logging.getLogger(__name__)
@@ -57,22 +60,27 @@ class RunView(Protocol):
 
 
 class HeadSignal:
-    """Block 0's output residual for one branch: `probe(step)` before the step runs (the probe pays `depth` blocks),
-    `observed(step)` after a computed step (what the call computed; equal to the probe at the same input)."""
+    """Block 0's output residual (`kind="residual"`) or output (`"output"`) for one branch: `probe(step)` before the
+    step runs (the probe pays one block), `observed(step)` after a computed step (what the call computed; equal to
+    the probe at the same input)."""
 
-    def __init__(self, view: RunView, branch: str, depth: int = 1):
-        self.view, self.branch, self.depth = view, branch, depth
+    def __init__(self, view: RunView, branch: str, kind: str = "residual"):
+        if kind not in ("residual", "output"):
+            raise ValueError(f"kind={kind!r}; valid: 'residual', 'output'")
+        self.view, self.branch, self.kind = view, branch, kind
 
     def probe(self, step: int) -> torch.Tensor:
         model, hidden, timestep = self.view.step_input(step)
-        return head_block_residual(model, self.view.cache(step), self.branch, hidden, timestep, self.depth)
+        tokens, output = head_block(model, self.view.cache(step), self.branch, hidden, timestep)
+        return output - tokens if self.kind == "residual" else output
 
     def observed(self, step: int) -> torch.Tensor:
-        residual = self.view.cache(step).head_residual(self.branch)
-        if residual is None:
-            raise RuntimeError(f"step {step} computed but block 0's residual of branch {self.branch!r} was not kept "
+        cache = self.view.cache(step)
+        value = cache.head_residual(self.branch) if self.kind == "residual" else cache.head_output(self.branch)
+        if value is None:
+            raise RuntimeError(f"step {step} computed but block 0 of branch {self.branch!r} was not kept "
                                "(ResidualCache.keep_head)")
-        return residual
+        return value
 
 
 class OutputSignal:
