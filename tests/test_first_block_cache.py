@@ -219,3 +219,25 @@ def test_forms_collect_datasets(tmp_path, monkeypatch):
 def test_every_form_runs_under_accelerate(kind):
     given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
     rule_forms.check_accelerate("first-block-cache", kind, threshold_map=given)
+
+
+def test_under_accelerate_the_exact_form_replays_the_call_itself(wan21_pipe):
+    """The exact form searches on replays of the call before it runs (its noise drawn from the call's generator as
+    the pipeline draws it): at K = 0 the output is the stock call's; the global form needs a map there."""
+    import morca_env
+    from tests.conftest import prompt_embeds
+
+    embeds = prompt_embeds()
+    call = dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
+                num_inference_steps=6, output_type="latent", guidance_scale=5.0)
+    stock = wan21_pipe(generator=torch.Generator().manual_seed(0), **call).frames
+    policy = policies.make("first-block-cache-exact", pipe=wan21_pipe)
+    result = morca_env.accelerate(wan21_pipe, policy, budget=0, generator=torch.Generator().manual_seed(0), **call)
+    assert torch.equal(result.output.frames, stock) and policy.replays == 0
+    result = morca_env.accelerate(wan21_pipe, policy, budget=2, generator=torch.Generator().manual_seed(0), **call)
+    assert policy.replays > 0 and result.num_projected == 0 and sum(result.schedule) == 2
+    with pytest.raises(ValueError, match="needs a threshold_map"):
+        morca_env.accelerate(wan21_pipe, policies.make("first-block-cache-global", pipe=wan21_pipe), speedup=1.5,
+                             calibration=morca_env.SpeedupCalibration(alpha=6.0, beta=6.0, max_budget=4), **call)
+    with pytest.raises(ValueError, match="searches its threshold on replays"):
+        policies.make("first-block-cache-exact").reset(None, {"num_steps": 6, "forced_steps": [0, 5], "budget": 2})

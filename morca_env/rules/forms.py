@@ -119,15 +119,23 @@ class Rule:
         raise NotImplementedError
 
 
-def simulate(gates: Sequence[Gate], num_steps: int, forced=frozenset()) -> list[int]:
-    """The shared schedule of `gates` over a run with no budget: reuse iff every branch's gate wants to."""
+def simulate(gates: Sequence[Gate], num_steps: int, forced=frozenset(), run_step=None, stop_above: int | None = None,
+             can_reuse=None) -> list[int]:
+    """The shared schedule of `gates` over a run with no budget: reuse iff every branch's gate wants to (and
+    `can_reuse(step)`, when given). A run-time rule's free run passes `run_step(step, action)`, which runs the step
+    before the gates are told (so a computed step's observations exist), and may stop once the schedule holds
+    more than `stop_above` reuses."""
     schedule = []
     for step in range(num_steps):
         wants = [gate.wants_reuse(step) for gate in gates]  # every gate accumulates its step
-        action = int(step not in forced and all(wants))
+        action = int(step not in forced and all(wants) and (can_reuse is None or can_reuse(step)))
+        if run_step is not None:
+            run_step(step, action)
         for gate in gates:
             gate.commit(bool(action))
         schedule.append(action)
+        if stop_above is not None and sum(schedule) > stop_above:
+            break
     return schedule
 
 

@@ -126,7 +126,7 @@ class RuntimeRule(forms.Rule):
     """Base of a run-time rule: gates built over one signal per branch (`signals`), read from `context.view`."""
 
     runtime = True
-    keeps_head = True  # the rule reads block 0's residual from the cache
+    keeps_head = True  # the rule reads block 0 (input, output) from the cache
     keeps_output = False  # the rule reads the transformer's output from the cache
 
     def prepare(self, context: forms.RunContext) -> None:
@@ -156,34 +156,15 @@ class RuntimeRule(forms.Rule):
         raise NotImplementedError
 
 
-def play(gates, num_steps: int, forced=frozenset(), run_step=None, stop_above: int | None = None,
-         can_reuse=None) -> list[int]:
-    """A rule's schedule without a budget: reuse iff every branch's gate wants to (and `can_reuse(step)`: a cached
-    residual exists); `run_step(step, reuse)` runs the step before the gates are told, so a computed step's
-    observations exist. Stops once the schedule holds more than `stop_above` reuses."""
-    schedule = []
-    for step in range(num_steps):
-        wants = [gate.wants_reuse(step) for gate in gates]
-        action = int(step not in forced and all(wants) and (can_reuse is None or can_reuse(step)))
-        if run_step is not None:
-            run_step(step, action)
-        for gate in gates:
-            gate.commit(bool(action))
-        schedule.append(action)
-        if stop_above is not None and sum(schedule) > stop_above:
-            break
-    return schedule
-
-
 def free_run(rule: RuntimeRule, denoiser, start: dict, threshold: float, forced,
              stop_above: int | None = None) -> list[int]:
-    """The rule on its own (no budget) over a fresh run of `denoiser.start(**start)`; see `play`."""
+    """The rule on its own (no budget) over a fresh run of `denoiser.start(**start)` (a reuse needs a cached
+    residual, as in the env); stops once it holds more than `stop_above` reuses (see `forms.simulate`)."""
     denoiser.start(**start)
-    view = denoiser
-    rule.observe(view.caches)
-
-    return play(rule.gates(threshold, rule.signals(view)), denoiser.num_steps, forced,
-                lambda step, action: denoiser.step(reuse=bool(action)), stop_above, denoiser.cache_valid)
+    rule.observe(denoiser.caches)
+    return forms.simulate(rule.gates(threshold, rule.signals(denoiser)), denoiser.num_steps, forced,
+                          run_step=lambda step, action: denoiser.step(reuse=bool(action)), stop_above=stop_above,
+                          can_reuse=denoiser.cache_valid)
 
 
 class Replay:
