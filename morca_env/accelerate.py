@@ -12,6 +12,14 @@ and set the residual cache; the uncond branch follows the same decision. The
 hooks are removed afterwards, whatever happens. With K = 0 the output is exactly
 the stock pipeline's.
 
+Rules that read run-time signals get the live call as `info["run_view"]` at reset
+(the step's model input and timestep, the residual caches: see
+`morca_env.rules.runtime.RunView`). A policy with `prepare_call(replay, spec, budget)`
+(the exact-budget forms of those rules) is first given a `Replay` of this very call
+(same prompt, noise and settings, on a private `StepwiseDenoiser`) to search on; the
+call's initial noise is then drawn here from its `generator` (as the pipeline would
+draw it) and passed as `latents`, so the replays and the call start alike.
+
 Note for MorcaTiny (pixel space, no VAE): `WanPipeline` assumes a 4x temporal
 VAE and turns `num_frames=F` into F + 1 frames when the temporal factor is 1;
 ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
@@ -91,6 +99,8 @@ class _Run:
         self.builder.reset(budget)
         self.branches = branches
         self.result = AccelerateResult(output=None, budget=budget)
+        self.current: tuple | None = None  # (transformer, model input, timestep) of the step being decided
+        self.step_experts: dict[int, int] = {}
         self.hooks = []
         for index, model in enumerate(self.experts):
             registry = HookRegistry.check_if_exists_or_initialize(model)
@@ -101,17 +111,27 @@ class _Run:
     @torch.no_grad()
     def decide(self, module, expert: int, step: int, sigma: float, hidden, timestep) -> None:
         cache = self.caches[expert]
+        self.current, self.step_experts[step] = (module, hidden, timestep), expert
         valid = cache.is_valid(self.branches())
         signal_input = (official_signal_input(module, hidden, timestep) if self.signal == "official" else hidden)
         obs = self.builder.observe(step, hidden, signal_input, sigma, valid)
         if step == 0:
             self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
-                                    "budget": self.budget, "target_speedup": self.target_speedup})
+                                    "budget": self.budget, "target_speedup": self.target_speedup, "run_view": self})
         executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
         self.builder.record(step, executed)
         cache.reuse = bool(executed)
         self.result.schedule.append(executed)
         self.result.num_projected += int(projected)
+
+    # the RunView of morca_env.rules.runtime: what run-time rules read of this call
+    def step_input(self, step: int) -> tuple:
+        if self.current is None or max(self.step_experts) != step:
+            raise RuntimeError(f"step {step} is not the step being decided")
+        return self.current
+
+    def cache(self, step: int) -> ResidualCache:
+        return self.caches[self.step_experts[step]]
 
     def close(self) -> None:
         for registry in self.hooks:
@@ -155,6 +175,10 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
         budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)
     budget = spec.check_budget(budget)
+    prepare = getattr(policy, "prepare_call", None)
+    if prepare is not None:
+        call_kwargs = _with_latents(pipe, call_kwargs)
+        prepare(_replay_of(pipe, call_kwargs), spec, budget)
     guidance = call_kwargs.get("guidance_scale", 5.0)
     branches = lambda: wan_structure.branches(guidance)  # noqa: E731
     run = _Run(pipe, policy, spec, budget, signal, branches, speedup)
@@ -169,3 +193,41 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         raise RuntimeError(f"executed {sum(run.result.schedule)} reuses in {len(run.result.schedule)} steps, "
                            f"expected {budget} in {num_steps}: the pipeline did not run the expected steps")
     return run.result
+
+
+_PIPELINE_DEFAULTS = {"height": 480, "width": 832, "num_frames": 81, "num_inference_steps": 50,
+                      "guidance_scale": 5.0, "guidance_scale_2": None, "max_sequence_length": 512}
+
+
+def _frames(pipe, num_frames: int) -> int:
+    """The frame count WanPipeline really generates (it rounds to 4k + 1 for a 4x temporal VAE)."""
+    temporal = getattr(pipe, "vae_scale_factor_temporal", 4)
+    return num_frames if num_frames % temporal == 1 else num_frames // temporal * temporal + 1
+
+
+def _with_latents(pipe, call_kwargs: dict) -> dict:
+    """`call_kwargs` with the initial noise drawn from its generator as WanPipeline draws it (same shape, dtype,
+    device and generator use), so that replays and the call start from the same latents."""
+    if call_kwargs.get("latents") is not None:
+        return call_kwargs
+    if call_kwargs.get("num_videos_per_prompt", 1) != 1 or isinstance(call_kwargs.get("prompt"), list):
+        raise ValueError("a policy that replays the call (prepare_call) needs one video of one prompt per call")
+    settings = {k: call_kwargs.get(k, v) for k, v in _PIPELINE_DEFAULTS.items()}
+    latents = pipe.prepare_latents(1, wan_structure.experts(pipe)[0].config.in_channels, settings["height"],
+                                   settings["width"], _frames(pipe, settings["num_frames"]), torch.float32,
+                                   pipe._execution_device, call_kwargs.get("generator"))
+    return dict(call_kwargs, latents=latents)
+
+
+def _replay_of(pipe, call_kwargs: dict):
+    """Free runs of this call: a private denoiser with the call's settings, started from its inputs."""
+    from .denoiser import DenoiserConfig
+    from .rules.runtime import Replay
+
+    settings = {k: call_kwargs.get(k, v) for k, v in _PIPELINE_DEFAULTS.items()}
+    settings["num_frames"] = _frames(pipe, settings["num_frames"])
+    negative = call_kwargs.get("negative_prompt")
+    config = DenoiserConfig(**settings, **({"negative_prompt": negative} if isinstance(negative, str) else {}))
+    start = {k: call_kwargs[k] for k in ("prompt", "prompt_embeds", "negative_prompt_embeds", "latents")
+             if call_kwargs.get(k) is not None}
+    return Replay(pipe, config, pipe._execution_device, start)

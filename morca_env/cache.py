@@ -13,10 +13,19 @@ the caller sets ``ResidualCache.reuse`` before each denoising step.
 
 The patch embedding, condition embedder, output norm and unpatchify always run.
 One ``ResidualCache`` per transformer, so Wan2.2's two experts keep separate state.
+
+For rules that decide from the first block (FirstBlockCache, DiCache) the leader
+also *observes*, never deciding: per branch it keeps block 0's non-hidden call
+arguments (text context, rotary embedding: the same at every step of a video) and,
+with ``keep_head``, block 0's input and output at the branch's latest computed call;
+with ``keep_output`` (EasyCache), the transformer's output at that call.
+``bypassed()`` lets a probe run blocks outside the cache (`signals.head_block_residual`).
 """
 
 from __future__ import annotations
 
+import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +55,9 @@ class _BranchState(BaseState):
         self.residual: torch.Tensor | None = None
         self.block_input: torch.Tensor | None = None
         self.skipping = False
+        self.head_arguments: dict | None = None  # block 0's call arguments but hidden_states (latest call)
+        self.head: tuple | None = None  # block 0's (input, output), latest computed call (keep_head; references)
+        self.model_output: torch.Tensor | None = None  # the transformer's output, latest computed call (keep_output)
 
 
 @dataclass
@@ -56,10 +68,19 @@ class _Controller:
     cached_branches: set[str] = field(default_factory=set)
     computed_calls: int = 0
     reused_calls: int = 0
+    bypass: bool = False  # a probe is running blocks: every hook passes through
+    keep_head: bool = False  # keep block 0's output residual per branch (rules that read it)
+    keep_output: bool = False  # keep the transformer's output per branch (rules that read it)
 
 
 def _hidden_states(args, kwargs) -> torch.Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+def _call_arguments(module, args, kwargs) -> dict:
+    """The block call's arguments by name, `hidden_states` left out (names from the block class's forward)."""
+    bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs).arguments
+    return {name: value for name, value in list(bound.items())[1:] if name != "hidden_states"}
 
 
 class _CacheHook(ModelHook):
@@ -87,10 +108,11 @@ class _CacheHook(ModelHook):
 
 class _LeaderHook(_CacheHook):
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
-        if self.states._context is None:  # outside a cache_context: behave like the plain block
+        if self.states._context is None or self.controller.bypass:  # outside a context or probing: the plain block
             return self.fn_ref.original_forward(*args, **kwargs)
         state: _BranchState = self.states.get_state()
         hidden = _hidden_states(args, kwargs)
+        state.head_arguments = _call_arguments(module, args, kwargs)
         if self.controller.reuse:
             if state.residual is None:
                 raise RuntimeError(
@@ -103,12 +125,15 @@ class _LeaderHook(_CacheHook):
         state.skipping = False
         state.block_input = hidden
         self.controller.computed_calls += 1
-        return self._finish(state, self.fn_ref.original_forward(*args, **kwargs))
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.controller.keep_head:  # references, no copy: a block never writes into its input or output
+            state.head = (hidden.detach(), output.detach())
+        return self._finish(state, output)
 
 
 class _BlockHook(_CacheHook):
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
-        if self.states._context is None:
+        if self.states._context is None or self.controller.bypass:
             return self.fn_ref.original_forward(*args, **kwargs)
         state: _BranchState = self.states.get_state()
         if state.skipping:
@@ -144,6 +169,7 @@ class ResidualCache:
             registry.register_hook(hook, name)
             self._registries.append((registry, name))
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
+        self._output_hook = transformer.register_forward_hook(self._observe_output)
 
     @property
     def reuse(self) -> bool:
@@ -161,6 +187,59 @@ class ResidualCache:
     def call_counts(self) -> tuple[int, int]:
         """(transformer calls that ran the blocks, calls that reused), since the last reset."""
         return self._controller.computed_calls, self._controller.reused_calls
+
+    @property
+    def keep_head(self) -> bool:
+        return self._controller.keep_head
+
+    @keep_head.setter
+    def keep_head(self, value: bool) -> None:
+        self._controller.keep_head = bool(value)
+
+    def head_arguments(self, branch: str) -> dict | None:
+        """Block 0's call arguments (all but hidden_states) at `branch`'s latest call of this video, else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None else state.head_arguments
+
+    def head_output(self, branch: str) -> torch.Tensor | None:
+        """Block 0's output (float32) at `branch`'s latest computed call (needs `keep_head`), else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None or state.head is None else state.head[1].float()
+
+    def head_residual(self, branch: str) -> torch.Tensor | None:
+        """Block 0's output - input (float32) at `branch`'s latest computed call (needs `keep_head`), else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None or state.head is None else state.head[1].float() - state.head[0].float()
+
+    def model_output(self, branch: str) -> torch.Tensor | None:
+        """The transformer's output at `branch`'s latest computed call (needs `keep_output`), else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None else state.model_output
+
+    @property
+    def keep_output(self) -> bool:
+        return self._controller.keep_output
+
+    @keep_output.setter
+    def keep_output(self, value: bool) -> None:
+        self._controller.keep_output = bool(value)
+
+    def _observe_output(self, module, args, output) -> None:
+        """Observe only: a computed call's output, by reference (a new tensor each call)."""
+        if not self._controller.keep_output or self._controller.reuse or self._states._context is None:
+            return
+        sample = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
+        self._states.get_state().model_output = sample.detach()
+
+    @contextmanager
+    def bypassed(self):
+        """Inside, every block runs plain (no reuse, nothing stored): for probes between or inside calls."""
+        before = self._controller.bypass
+        self._controller.bypass = True
+        try:
+            yield
+        finally:
+            self._controller.bypass = before
 
     def reset(self) -> None:
         """Forget all residuals (start of a new video)."""
@@ -188,6 +267,7 @@ class ResidualCache:
         for registry, name in reversed(self._registries):
             registry.remove_hook(name, recurse=False)
         self._registries.clear()
+        self._output_hook.remove()
         HookRegistry.check_if_exists_or_initialize(self.transformer).invalidate_child_registries_cache()
 
     @property

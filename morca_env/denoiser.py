@@ -148,6 +148,17 @@ class StepwiseDenoiser:
     def cache_for(self, step: int) -> ResidualCache:
         return self.caches[self.expert_of_step[step]]
 
+    # the RunView of morca_env.rules.runtime: what rules that read run-time signals see of this run
+    def step_input(self, step: int) -> tuple:
+        """(transformer, model input, timestep) of `step`, the next step to run."""
+        if self._index != step or self.done:
+            raise RuntimeError(f"the run is at step {self._index}, not {step}: a run-time rule decides each step "
+                               "before it runs, in order")
+        return self.expert(step), self.latents.to(self.transformer_dtype), self.timestep(step).expand(self.latents.shape[0])
+
+    def cache(self, step: int) -> ResidualCache:
+        return self.cache_for(step)
+
     def cache_valid(self, step: int) -> bool:
         return self.cache_for(step).is_valid(self.branches)
 

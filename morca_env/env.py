@@ -368,7 +368,8 @@ class MorcaEnv(gym.Env):
         obs = self._observe()
         info = {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
                 "target_speedup": self.target_speedup, "num_steps": self.num_steps,
-                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated}
+                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated,
+                "run_view": self.denoiser}  # for schedulers that read run-time signals (rules.runtime)
         return obs, info
 
     def _episode_target(self, options) -> tuple[float | None, int]:

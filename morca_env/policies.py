@@ -557,12 +557,6 @@ SCHEDULERS = {
     "seacache-global": lambda env=None, threshold_map=None: GlobalSeaCache(_threshold_map(env, "seacache-global",
                                                                                         threshold_map)),
     "seacache-exact": lambda env=None, iterations=12: SeaCacheExactBudget(env, iterations),
-    "teacache": _rule("teacache", "native"),
-    "teacache-global": _rule("teacache", "global"),
-    "teacache-exact": _rule("teacache", "exact"),
-    "magcache": _rule("magcache", "native"),
-    "magcache-global": _rule("magcache", "global"),
-    "magcache-exact": _rule("magcache", "exact"),
     "threshold-curve": lambda env=None, threshold_map=None, **options: ThresholdCurve(
         _threshold_map(env, "threshold-curve", threshold_map),
         **{k: tuple(v) if k in ("speedup_range", "amplitude", "num_references") else v for k, v in options.items()}),
@@ -573,6 +567,21 @@ SCHEDULERS = {
     "morca": _learned("morca"),
     "reinforce": _learned("reinforce"),
 }
+def _rule_modules() -> list[str]:
+    """The cache rules of `morca_env.rules`: every module but the shared `forms` and `runtime` (listed, not imported),
+    so adding a rule touches its module and its test only."""
+    import pkgutil
+
+    from . import rules
+
+    return sorted(m.name for m in pkgutil.iter_modules(rules.__path__) if m.name not in ("forms", "runtime"))
+
+
+for _module in _rule_modules():  # "<rule>", "<rule>-global", "<rule>-exact" (first_block_cache: first-block-cache)
+    for _form, _suffix in (("native", ""), ("global", "-global"), ("exact", "-exact")):
+        SCHEDULERS[_module.replace("_", "-") + _suffix] = _rule(_module, _form)
+del _module, _form, _suffix
+
 ALIASES = {"behaviour": "threshold-curve", "behavior": "threshold-curve", "static": "best-fixed"}
 SEEDED = ("random", "threshold-curve", "behaviour", "behavior", "jittered-uniform", "jittered-best-fixed", "mixture")  # names whose constructors take a seed
 

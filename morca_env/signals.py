@@ -155,3 +155,44 @@ class StepDistanceTracker:
 def seacache_reuses(accumulated: float, threshold: float) -> bool:
     """SeaCache's rule: reuse while the accumulated distance stays below the threshold."""
     return accumulated < threshold
+
+
+@torch.no_grad()
+def head_block_residual(model, cache, branch: str, hidden_states: torch.Tensor, timestep: torch.Tensor,
+                        depth: int = 1) -> torch.Tensor:
+    """FirstBlockCache's probe: blocks[:depth]'s output minus input (float32, tokens); see `head_block`."""
+    tokens, output = head_block(model, cache, branch, hidden_states, timestep, depth)
+    return output - tokens
+
+
+@torch.no_grad()
+def head_block(model, cache, branch: str, hidden_states: torch.Tensor, timestep: torch.Tensor,
+               depth: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe of FirstBlockCache and DiCache: blocks[:depth]'s (input tokens, output), float32, for `branch`
+    at the model input `hidden_states` (B, C, F, H, W) and `timestep`, run before the step is decided.
+
+    It repeats what a Wan transformer call does up to those blocks: the patch embedding, the
+    time projection, and the blocks with the branch's text context and rotary embedding,
+    which `cache` (`ResidualCache`) observed at that branch's latest call of this video (they
+    do not change between steps). The blocks run with the cache bypassed. Costs `depth` blocks
+    (plus the patch and time embeddings) per branch.
+    """
+    arguments = cache.head_arguments(branch)
+    if arguments is None:
+        raise RuntimeError(f"no call of branch {branch!r} observed yet in this video: the probe needs one computed "
+                           "step of the same transformer first")
+    if not 1 <= depth <= len(model.blocks):
+        raise ValueError(f"probe depth={depth!r} must be in [1, {len(model.blocks)}] (blocks of this transformer)")
+    tokens = model.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+    embedder = model.condition_embedder
+    freq = embedder.timesteps_proj(timestep.reshape(-1))
+    time_dtype = next(iter(embedder.time_embedder.parameters())).dtype
+    if freq.dtype != time_dtype and time_dtype != torch.int8:
+        freq = freq.to(time_dtype)
+    temb = embedder.time_embedder(freq).type_as(arguments["encoder_hidden_states"])
+    arguments = dict(arguments, temb=embedder.time_proj(embedder.act_fn(temb)).unflatten(1, (6, -1)))
+    out = tokens
+    with cache.bypassed():
+        for block in model.blocks[:depth]:
+            out = block(out, **arguments)
+    return tokens.float(), out.float()

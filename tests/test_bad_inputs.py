@@ -148,7 +148,7 @@ COLLECT_ROWS = [  # collect_dataset(**{argument: value}); all refused before any
     ("env_id", "MorcaHuge-v0", "env_id='MorcaHuge-v0' is not registered; valid: "),
     ("num_episodes", 0, "num_episodes=0 must be a positive integer"),
     ("env_kwargs", "speedup=2", "env_kwargs='speedup=2' must be a dict of MorcaEnv arguments"),
-    ("behavior", "threshold", "behavior={'name': 'threshold'}; valid: a behaviour name (best-fixed, fixed, "),
+    ("behavior", "threshold", "behavior={'name': 'threshold'}; valid: a behaviour name (acid, acid-exact, "),
     ("behavior", ["random"], "behavior=['random']; valid: a behaviour name"),
     ("workers", 0, "workers=0 must be a positive integer"),
     ("threads", -1, "threads=-1 must be a positive integer"),

@@ -63,6 +63,7 @@ class RunContext:
     step_models: list | None = None  # the transformer (expert) running each step
     calibration: object = None  # SpeedupCalibration for the global form
     model: str | None = None  # registered model name, for packaged constants
+    view: object = None  # the live run, for rules that read run-time signals (`runtime.RunView`)
 
 
 class Source:
@@ -89,13 +90,13 @@ class Source:
             den = self.env.denoiser
             return RunContext(n, forced, self.branches or den.branches, den.timesteps,
                               [den.expert(i) for i in range(n)], self._calibration(n, forced) or self.env.calibration,
-                              self.model)
+                              self.model, info.get("run_view"))
         if self.pipe is not None:
             timesteps = wan_structure.pipeline_timesteps(self.pipe, n)
             experts = wan_structure.experts(self.pipe)
             models = [experts[e] for e in wan_structure.expert_of_steps(self.pipe, timesteps)]
             return RunContext(n, forced, self.branches or ("cond", "uncond"), timesteps, models,
-                              self._calibration(n, forced))
+                              self._calibration(n, forced), view=info.get("run_view"))
         return RunContext(n, forced, self.branches or ("cond", "uncond"), calibration=self._calibration(n, forced))
 
     def _calibration(self, num_steps, forced):
@@ -118,15 +119,23 @@ class Rule:
         raise NotImplementedError
 
 
-def simulate(gates: Sequence[Gate], num_steps: int, forced=frozenset()) -> list[int]:
-    """The shared schedule of `gates` over a run with no budget: reuse iff every branch's gate wants to."""
+def simulate(gates: Sequence[Gate], num_steps: int, forced=frozenset(), run_step=None, stop_above: int | None = None,
+             can_reuse=None) -> list[int]:
+    """The shared schedule of `gates` over a run with no budget: reuse iff every branch's gate wants to (and
+    `can_reuse(step)`, when given). A run-time rule's free run passes `run_step(step, action)`, which runs the step
+    before the gates are told (so a computed step's observations exist), and may stop once the schedule holds
+    more than `stop_above` reuses."""
     schedule = []
     for step in range(num_steps):
         wants = [gate.wants_reuse(step) for gate in gates]  # every gate accumulates its step
-        action = int(step not in forced and all(wants))
+        action = int(step not in forced and all(wants) and (can_reuse is None or can_reuse(step)))
+        if run_step is not None:
+            run_step(step, action)
         for gate in gates:
             gate.commit(bool(action))
         schedule.append(action)
+        if stop_above is not None and sum(schedule) > stop_above:
+            break
     return schedule
 
 
@@ -140,52 +149,71 @@ def reuses_at(rule: Rule, threshold: float) -> int:
     return sum(simulate(rule.gates(threshold), rule.context.num_steps, rule.context.forced))
 
 
-def exact_threshold(rule: Rule, budget: int, iterations: int = 100) -> tuple[float, list[int]]:
-    """Bisection on the threshold for a mask with `budget` reuses: (threshold, mask), the closest when none has K.
+def search_threshold(schedule_at, budget: int, iterations: int = 100, start: float = 1e-3, rtol: float = 1e-15):
+    """Bisection on a threshold for a schedule with `budget` reuses: (threshold, schedule), the closest when none
+    has K. `schedule_at(threshold)` is the rule's schedule without a budget; it may stop once it holds more than
+    `budget` reuses (a run-time rule's free run does). The search ends after `iterations` halvings or when the
+    bracket is narrower than `rtol` times its top (the count jumps there: no threshold gives K).
 
     The reuse count never falls as the threshold grows (a larger threshold only lets
     each accumulator run longer), so the search keeps the largest threshold below K and
-    the smallest at or above it.
+    the smallest at or above it. Shared by every rule's exact-budget form.
     """
-    n, forced = rule.context.num_steps, rule.context.forced
+    seen = {}
 
-    def mask(threshold):
-        return simulate(rule.gates(threshold), n, forced)
+    def count(threshold):
+        if threshold not in seen:
+            seen[threshold] = schedule_at(threshold)
+        return sum(seen[threshold])
 
-    lo, hi = 0.0, 1e-3
-    while sum(mask(hi)) < budget and hi < 1e12:
+    lo, hi = 0.0, start
+    while count(hi) < budget and hi < 1e12:
         lo, hi = hi, hi * 4
     for _ in range(iterations):
-        if sum(mask(hi)) == budget or hi - lo <= 1e-15 * hi:
+        if count(hi) == budget or hi - lo <= rtol * hi:
             break
         mid = (lo + hi) / 2
-        if sum(mask(mid)) < budget:
+        if count(mid) < budget:
             lo = mid
         else:
             hi = mid
-    candidates = [(abs(sum(m) - budget), sum(m) > budget, t, m) for t, m in ((hi, mask(hi)), (lo, mask(lo)))]
-    _, _, threshold, best = min(candidates, key=lambda c: (c[0], c[1]))
-    return threshold, best
+    count(lo)
+    candidates = [(abs(count(t) - budget), count(t) > budget, t) for t in (hi, lo)]
+    _, _, threshold = min(candidates, key=lambda c: (c[0], c[1]))
+    return threshold, seen[threshold]
+
+
+def exact_threshold(rule: Rule, budget: int, iterations: int = 100) -> tuple[float, list[int]]:
+    """`search_threshold` on a fixed-mask rule's computable mask (no replays)."""
+    n, forced = rule.context.num_steps, rule.context.forced
+    return search_threshold(lambda threshold: simulate(rule.gates(threshold), n, forced), budget, iterations)
 
 
 def fitted_threshold_map(rule: Rule, calibration, grid=np.logspace(-5, 5, 401)) -> ThresholdMap:
     """g(rho) for the rule: each attainable K with the geometric middle of the thresholds giving it, at the
     speedup `calibration` predicts for that K. K(threshold) is prompt-independent for a fixed-mask rule."""
-    counts = np.array([reuses_at(rule, float(t)) for t in grid])
+    counts = [reuses_at(rule, float(t)) for t in grid]
+    return threshold_map_from_counts(rule.name, grid, counts, calibration, "K(threshold) and the env calibration")
+
+
+def threshold_map_from_counts(name: str, grid, counts, calibration, source: str) -> ThresholdMap:
+    """A ThresholdMap from reuse counts (mean K over prompts, or one K) measured at increasing thresholds `grid`:
+    each distinct count with the geometric middle of its thresholds, at the speedup `calibration` predicts."""
+    grid, counts = np.asarray(grid, dtype=float), np.asarray(counts, dtype=float)
     speedups, thresholds = [], []
     for k in np.unique(counts):
         run = grid[counts == k]
-        speedup = calibration.speedup_of_budget(int(k))
+        speedup = calibration.speedup_of_budget(float(k))
         if math.isfinite(speedup):
             speedups.append(speedup)
             thresholds.append(float(np.sqrt(run[0] * run[-1])))
     if len(speedups) < 2:
-        raise ValueError(f"{rule.name}: its reuse count takes fewer than two values over thresholds "
+        raise ValueError(f"{name}: its reuse count takes fewer than two values over thresholds "
                          f"{grid[0]:g}..{grid[-1]:g}; no threshold map can be fitted")
     order = np.argsort(speedups)
     speedups, thresholds = np.asarray(speedups)[order], np.asarray(thresholds)[order]
     keep = np.concatenate([[True], np.diff(speedups) > 0])
-    return ThresholdMap(speedups[keep], thresholds[keep], source=f"{rule.name}: K(threshold) and the env calibration")
+    return ThresholdMap(speedups[keep], thresholds[keep], source=f"{name}: {source}")
 
 
 class NativeRule:

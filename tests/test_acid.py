@@ -1,0 +1,81 @@
+"""ACID over run-time rules: hand-computed decisions (critical steps test against the low threshold), and every
+form in the env, a collection recipe, evaluate.py and accelerate."""
+
+import pytest
+
+from morca_env import policies
+from morca_env.rules import forms, runtime
+from morca_env.rules.acid import Acid
+from morca_env.rules.dicache import DiCache
+from morca_env.rules.first_block_cache import FirstBlockCache
+from tests import rule_forms
+
+
+def decisions(rule, threshold, trace):
+    rule.prepare(forms.RunContext(len(trace), frozenset(), ("cond",)))
+    gates = rule.gates(threshold, [runtime.TraceSignal([[v] for v in trace])])
+    return forms.simulate(gates, len(trace)), gates[0]
+
+
+def test_critical_steps_use_the_low_threshold_over_dicache():
+    # DiCache, no warm-up, tau .1 (low .05), kappa 1: 1: d .01 (no earlier drift) A .01 reuse;
+    # 2: d .0099, rate .01 -> A .0199 reuse; 3: d .04 / 1.02 = .0392, rate 2.96 > 1: critical ->
+    # A .0591 tested against .05 -> compute, A = 0; 4: d .0094, rate .76 -> A .0094 reuse; 5: A .0188 reuse
+    trace = [1.0, 1.01, 1.02, 1.06, 1.07, 1.08]
+    schedule, gate = decisions(Acid(DiCache(0.0)), 0.1, trace)
+    assert schedule == [0, 1, 1, 0, 1, 1]
+    assert decisions(DiCache(0.0), 0.1, trace)[0] == [0, 1, 1, 1, 1, 1]  # DiCache alone reuses step 3
+    # kappa 3: the rate 2.96 is not critical
+    assert decisions(Acid(DiCache(0.0), kappa=3.0), 0.1, trace)[0] == [0, 1, 1, 1, 1, 1]
+
+
+def test_wraps_first_block_cache_keeping_its_strictness():
+    # FBC tau .1 (low .05): 1: diff .01 reuse; 2: diff .07 vs step 0, rate 6 -> critical: .07 >= .05 -> compute
+    trace = [1.0, 1.01, 1.07]
+    assert decisions(Acid(FirstBlockCache()), 0.1, trace)[0] == [0, 1, 0]
+    assert decisions(FirstBlockCache(), 0.1, trace)[0] == [0, 1, 1]
+    # at a critical step the test is the rule's own: diffusers' convention reuses at diff == low
+    exact = [1.0, 1.0625, 1.25]  # diffs .0625, .25 exact in float32; rate 3 -> critical at step 2, low .25
+    assert decisions(Acid(FirstBlockCache("diffusers")), 0.5, exact)[0] == [0, 1, 1]
+    assert decisions(Acid(FirstBlockCache()), 0.5, exact)[0] == [0, 1, 0]
+
+
+def test_bad_settings_say_what_is_valid():
+    with pytest.raises(ValueError, match="rule='teacache'; valid: dicache, easycache, first-block-cache"):
+        policies.make("acid", rule="teacache")
+    with pytest.raises(ValueError, match=r"ratio=0 must be a number in \(0, 1\]"):
+        Acid(DiCache(), ratio=0)
+    with pytest.raises(ValueError, match="kappa=-1 must be a number > 0"):
+        Acid(DiCache(), kappa=-1)
+    assert policies.make("acid", rule="easycache", rule_options={"warmup": 0.1}).rule.inner.warmup == 0.1
+
+
+# ---------------------------------------------------------------- the three forms, end to end
+@pytest.fixture
+def envs(tmp_path):
+    return rule_forms.make_envs(tmp_path)
+
+
+@pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
+def test_every_form_runs_in_the_env_at_exact_k(envs):
+    rule_forms.check_forms_in_env("acid", *envs)
+
+
+@pytest.mark.slow  # fits the global map on free runs
+def test_global_threshold_tracks_the_target(envs):
+    rule_forms.check_global_tracks_the_target("acid", *envs)
+
+
+def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
+    rule_forms.check_recipe_and_evaluate("acid", *envs)
+
+
+@pytest.mark.slow  # collects with every form (the global one fits its map on free runs)
+def test_forms_collect_datasets(tmp_path, monkeypatch):
+    rule_forms.check_collection("acid", tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+def test_every_form_runs_under_accelerate(kind):
+    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
+    rule_forms.check_accelerate("acid", kind, threshold_map=given)
