@@ -68,6 +68,19 @@ def test_env_forced_steps_compute_and_reset_the_gates():
     assert forms.simulate(rule.gates(0.5), 5, frozenset({0, 2})) == [0, 1, 0, 1, 1]
 
 
+def test_a_reuse_the_budget_forces_during_retention_advances_the_accumulators():
+    # an exact budget's mask may reuse a retained step; the gate then accumulates as on any reuse
+    gate = rule_for([1.0, 0.9, 0.9, 0.9], [1.0, 0.9, 0.9, 0.9], max_skip=9, retention=0.5).gates(0.5)[0]
+    assert gate.wants_reuse(0) is False
+    gate.commit(True)  # forced reuse at step 0 (ratio 1: rho 1, E 0, k 1)
+    assert gate.wants_reuse(1) is False  # step 1 still retained (4 calls of cond + uncond)
+    gate.commit(True)  # forced again: rho .9, E .1, k 2
+    assert (gate.rho, round(gate.err, 9), gate.k) == (0.9, 0.1, 2)
+    assert gate.wants_reuse(2) is True  # rho .81, E .29 < .5
+    gate.commit(False)
+    assert (gate.rho, gate.err, gate.k) == (1.0, 0.0, 0)
+
+
 def test_shipped_wan21_ratios_give_the_published_computed_steps():
     """Facts file: slow / fast (E012K2R02 / E012K4R02) compute 25 / 21 steps with the raw shipped ratios, 24 / 19
     with the square-rooted ones of the paper's Table 1; at MORCA's 3.0x setting cond and uncond differ."""

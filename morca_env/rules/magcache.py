@@ -78,12 +78,13 @@ class MagGate:
         self._pending = None
 
     def wants_reuse(self, step: int) -> bool:
-        if step < self.retained:  # retention: no accumulation, always compute
-            self._pending = None
-            return False
         rho = self.rho * float(self.ratios[step])
         err, k = self.err + abs(1.0 - rho), self.k + 1
+        # what a reuse here would leave in the accumulators, also during retention: an exact budget's mask can
+        # force a reuse on any free step, and the accumulators then advance as on every reuse
         self._pending = (rho, err, k)
+        if step < self.retained:  # retention: always compute
+            return False
         below = err < self.delta if self.strict else err <= self.delta
         return below and k <= self.max_skip
 
