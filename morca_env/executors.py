@@ -114,7 +114,7 @@ class RayExecutor:
             have = float(total.get(name, 0.0))
             fit = int(have // per_actor)
             if fit < workers:
-                raise ValueError(f"workers={workers} need {workers * per_actor:g} {name}s ({per_actor:g} per worker); "
+                raise ValueError(f"workers={workers} need {workers * per_actor:g} {name}(s) ({per_actor:g} per worker); "
                                  f"{where} has {have:g}: valid: workers in [1, {max(fit, 1)}]"
                                  + ("" if fit else f" once it has a {name}"))
 
