@@ -149,3 +149,19 @@ def test_wan_envs_ask_for_a_gpu_per_worker_and_morca_tiny_does_not():
     assert data.needs_gpu("MorcaWan21-v0", {}) and data.needs_gpu("MorcaWan22-v0", {"device": "cuda"})
     assert not data.needs_gpu("MorcaWan21-v0", {"device": "cpu"})
     assert not data.needs_gpu("MorcaTiny-v0", {}) and not data.needs_gpu("MorcaTinyRandom-v0", {})
+
+
+@pytest.mark.slow
+@needs_ray
+def test_schedule_search_on_ray_finds_the_local_schedules(ray_runtime, tmp_path):
+    from morca_env.executors import RayExecutor
+    from morca_env.search import SearchConfig, SearchTask, search_many
+
+    kwargs = {"budget": 4, "num_inference_steps": 10, "r_max": 200, "reference_cache_dir": str(tmp_path / "refs")}
+    tasks = [SearchTask("a", (("a red circle", 1),), 3), SearchTask("b", (("a blue square", 2),), 4)]
+    local = search_many(tasks, "MorcaTinyRandom-v0", kwargs, tmp_path / "local", SearchConfig(evaluations=3),
+                        progress=False)
+    on_ray = search_many(tasks, "MorcaTinyRandom-v0", kwargs, tmp_path / "ray", SearchConfig(evaluations=3),
+                         workers=2, progress=False, executor=RayExecutor())
+    assert on_ray == local
+    assert sorted(p.name for p in (tmp_path / "ray").glob("*.json")) == ["a.json", "b.json"]  # written by the driver
