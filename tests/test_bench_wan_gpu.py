@@ -45,6 +45,5 @@ def test_bad_input_and_no_cuda_are_clear(bench, capsys):
     assert "--steps 2: valid: an integer >= 3" in capsys.readouterr().err
     with pytest.raises(ValueError, match="budget"):
         bench.main(["--tiny", "--steps", "6", "--ks", "99"])
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="no CUDA device here"):
-            bench.main([])
+    if not torch.cuda.is_available():  # `make bench` runs every benchmark: a CPU machine skips this one
+        assert bench.main([]) == 0 and "no CUDA device here" in capsys.readouterr().out
