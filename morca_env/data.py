@@ -11,7 +11,9 @@ indices already there. Only when all episodes exist is the Minari dataset built,
 in a hidden directory that is then renamed into place. A `kill -9` therefore
 loses at most the episodes in flight, and a finished dataset is replaced only
 with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
-behaviour RNG, so the data do not depend on the number of workers.
+behaviour RNG, so the data do not depend on the number of workers, nor on where
+they run: local processes, or Ray actors (`executor=RayExecutor(...)`, see
+`morca_env.executors`) that send each finished episode back to be written here.
 """
 
 from __future__ import annotations
