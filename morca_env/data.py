@@ -11,7 +11,9 @@ indices already there. Only when all episodes exist is the Minari dataset built,
 in a hidden directory that is then renamed into place. A `kill -9` therefore
 loses at most the episodes in flight, and a finished dataset is replaced only
 with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
-behaviour RNG, so the data do not depend on the number of workers.
+behaviour RNG, so the data do not depend on the number of workers, nor on where
+they run: local processes, or Ray actors (`executor=RayExecutor(...)`, see
+`morca_env.executors`) that send each finished episode back to be written here.
 """
 
 from __future__ import annotations
@@ -207,22 +209,39 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+class EpisodeRunner:
+    """One worker's env and behaviour loop: `runner(index)` -> episode `index` of the recipe.
+
+    The same object runs episodes in this process, in a forked worker and in a Ray actor
+    (`morca_env.executors`), so every path computes identical episodes for the same recipe.
+    """
+
+    def __init__(self, recipe_dict: dict, threads: int, env_overrides: dict):
+        import torch
+
+        import morca_env  # noqa: F401  (registers the envs in a spawned process or a Ray worker)
+
+        torch.set_num_threads(threads)
+        self.recipe = CollectionRecipe(**recipe_dict)
+        self.env = gym.make(self.recipe.env_id, **{**self.recipe.env_kwargs, **env_overrides,
+                                                    "enforce_budget": False})
+
+    def __call__(self, index: int) -> dict:
+        policy = make_behavior(self.recipe.behavior, self.env, seed=self.recipe.seed + index)
+        return run_episode(self.env, policy, index, self.recipe)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict,
             parent_pid: int) -> None:
     exit_with_parent(parent_pid)
     try:
-        import torch
-
-        import morca_env  # noqa: F401  (registers the envs in a spawned process)
-
-        torch.set_num_threads(threads)
-        recipe = CollectionRecipe(**recipe_dict)
-        env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
+        runner = EpisodeRunner(recipe_dict, threads, env_overrides)
         for index in indices:
-            policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
-            episode = run_episode(env, policy, index, recipe)
-            write_episode(Path(staging), index, episode)
-        env.close()
+            write_episode(Path(staging), index, runner(index))
+        runner.close()
     except BaseException:  # the parent reports it: a worker's stderr may not reach the user
         import traceback
 
@@ -251,24 +270,20 @@ def _worker_start_method(threads: int) -> str:
 
 
 def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
-                 env_overrides: dict, progress: bool, already: int) -> None:
+                 env_overrides: dict, progress: bool, already: int, executor=None) -> None:
     from tqdm import tqdm
 
     shards = [todo[w::workers] for w in range(workers)]
     bar = tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
                disable=not progress)
-    if workers == 1:
-        import torch
-
-        import morca_env  # noqa: F401
-
-        torch.set_num_threads(threads)
-        env = gym.make(recipe.env_id, **{**recipe.env_kwargs, **env_overrides, "enforce_budget": False})
+    if executor is not None:
+        _run_on_executor(executor, recipe, staging, todo, workers, threads, env_overrides, bar)
+    elif workers == 1:
+        runner = EpisodeRunner(recipe.__dict__, threads, env_overrides)
         for index in todo:
-            policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
-            write_episode(staging, index, run_episode(env, policy, index, recipe))
+            write_episode(staging, index, runner(index))
             bar.update()
-        env.close()
+        runner.close()
     else:
         ctx = mp.get_context(_worker_start_method(threads))
         shutil.rmtree(_errors_dir(staging), ignore_errors=True)
@@ -297,6 +312,34 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
         bar.n = len(completed_indices(staging, recipe.num_episodes))
         bar.refresh()
     bar.close()
+
+
+def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
+    """Whether a worker of this env wants a GPU of its own: the Wan models (not MorcaTiny), unless the
+    recipe pins `device` to the CPU."""
+    from .models.presets import get_preset
+
+    spec = gym.spec(env_id)
+    preset = get_preset(spec.kwargs.get("model", env_kwargs.get("model")))
+    device = str(env_kwargs.get("device") or "")
+    return bool(preset.prefers_gpu) and not device.startswith("cpu")
+
+
+def _run_on_executor(executor, recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int,
+                     threads: int, env_overrides: dict, bar) -> None:
+    """Episodes computed by `executor`'s workers (e.g. Ray actors) and written here, as each one arrives."""
+    from .executors import WorkerFailed
+
+    kwargs = {**recipe.env_kwargs, **env_overrides}
+    gpus = 1 if needs_gpu(recipe.env_id, kwargs) else 0
+    try:
+        for index, episode in executor.map_unordered(EpisodeRunner, (recipe.__dict__, threads, env_overrides), todo,
+                                                     workers=workers, threads=threads, gpus=gpus):
+            write_episode(staging, index, episode)
+            bar.update()
+    except WorkerFailed as error:
+        raise RuntimeError(f"collection on {executor!r}: {error}; the {bar.n} finished episodes are kept: "
+                           "rerun with resume=True (scripts/collect.py: --resume, the default) to continue") from error
 
 
 # ------------------------------------------------------------------ collect
@@ -335,11 +378,15 @@ def collect_dataset(
     env_overrides: dict | None = None,
     progress: bool = True,
     recipe: CollectionRecipe | None = None,
+    executor=None,
 ):
     """Collect `num_episodes` behaviour episodes of `env_id` into the Minari dataset `dataset_id`.
 
     `env_overrides` are machine-local env kwargs (e.g. `reference_cache_dir`) that
-    are not part of the recipe. Returns the `minari.MinariDataset`.
+    are not part of the recipe. `executor`: None runs `workers` local processes (one in this
+    process when `workers=1`); a `morca_env.executors.RayExecutor` runs them as Ray actors, which
+    return each episode to this process to be written, as the local path does. Returns the
+    `minari.MinariDataset`.
     """
     import minari
 
@@ -383,11 +430,12 @@ def collect_dataset(
     todo = [i for i in range(recipe.num_episodes) if i not in done]
     t0 = time.perf_counter()
     if todo:
-        _run_workers(recipe, staging, todo, workers, threads, dict(env_overrides or {}), progress, len(done))
+        _run_workers(recipe, staging, todo, workers, threads, dict(env_overrides or {}), progress, len(done),
+                     executor)
     elapsed = time.perf_counter() - t0
     if todo and progress:
         print(f"collected {len(todo)} episodes in {elapsed:.1f} s: {60 * len(todo) / elapsed:.1f} episodes/min "
-              f"({workers} worker{'s' if workers > 1 else ''})")
+              f"({workers} worker{'s' if workers > 1 else ''}{' on Ray' if executor is not None else ''})")
     return build_minari_dataset(recipe, staging, overwrite=overwrite)
 
 

@@ -346,10 +346,19 @@ def _run_task(args) -> dict:
     return data
 
 
+def _actor_worker(env_id: str, env_kwargs: dict, threads: int):
+    """A Ray actor's search worker (`morca_env.executors`): its own env, then `_run_task` per job."""
+    _init_worker(env_id, env_kwargs, threads)
+    return _run_task
+
+
 def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out: str | Path,
                 config: SearchConfig = SearchConfig(), workers: int = 1, threads: int = 1,
-                progress: bool = True) -> list[dict]:
-    """Run `tasks` (resumable: finished ones are read back, unfinished ones replay their logs)."""
+                progress: bool = True, executor=None) -> list[dict]:
+    """Run `tasks` (resumable: finished ones are read back, unfinished ones replay their logs).
+
+    `executor`: a `morca_env.executors.RayExecutor` runs the searches on Ray actors and writes each
+    result here as it comes back (an actor's evaluation log stays on its own node's disk)."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -370,7 +379,20 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
     kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
     bar = tqdm(total=len(tasks), initial=len(results), desc="schedule search", unit="search", disable=not progress)
     jobs = [(task, config, str(out)) for task in todo]
-    if workers == 1 or len(todo) <= 1:
+    if executor is not None and jobs:
+        from .data import needs_gpu
+        from .executors import WorkerFailed
+
+        try:
+            for _, data in executor.map_unordered(_actor_worker, (env_id, kwargs, threads), jobs, workers=workers,
+                                                  threads=threads, gpus=1 if needs_gpu(env_id, kwargs) else 0):
+                atomic_write_text(out / f"{data['name']}.json", json.dumps(data) + "\n")
+                results[data["name"]] = data
+                bar.update()
+        except WorkerFailed as error:
+            raise RuntimeError(f"schedule search on {executor!r}: {error}; finished searches are kept in {out}: "
+                               "rerun to continue") from error
+    elif workers == 1 or len(todo) <= 1:
         _init_worker(env_id, kwargs, threads)
         for job in jobs:
             data = _run_task(job)

@@ -9,6 +9,7 @@ that target for that seed (`MorcaEnv.budget_for_speedup`). Every evaluated
 schedule is kept with its PSNR (`<out>/<prompt>_<seed>_K<k>.jsonl`, a search's
 result in the `.json` next to it); rerunning resumes. Play the found schedules
 with the `searched` scheduler (`scripts/evaluate.py --methods searched=<out>`).
+`--ray` runs the searches on Ray actors (see scripts/collect.py), `--workers` of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import morca_env  # noqa: F401
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
+from morca_env.executors import add_ray_arguments, executor_from_args
 
 
 def task_name(prompt: str, seed: int, budget: int) -> str:
@@ -44,7 +46,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=positive_int, default=1)
     p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--out", type=Path, required=True)
+    add_ray_arguments(p)
     args = p.parse_args(argv)
+    executor = executor_from_args(p, args)
     suite = get_suite(args.prompts)
     if args.count < 1 or not 0 <= args.skip < len(suite):
         p.error(f"--skip {args.skip} / --count {args.count}: the suite has {len(suite)} prompts (skip in "
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
              for k in [env.budget_for_speedup(target, seed)]]
     tasks = list({t.name: t for t in tasks}.values())  # two targets can round to one K
     results = search_many(tasks, args.env, env_kwargs, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
-                          workers=args.workers, threads=args.threads)
+                          workers=args.workers, threads=args.threads, executor=executor)
     gains = [r["value"] - r["start_value"] for r in results]
     print(f"{len(results)} searches: mean PSNR gain over uniform spacing {sum(gains) / len(gains):+.2f} dB "
           f"(min {min(gains):+.2f}, max {max(gains):+.2f}); results in {args.out}")
