@@ -205,3 +205,31 @@ def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
     assert [policy(obs) for _ in range(20)] == [0] * 20
     sampled = trainer.policy(deterministic=False)
     assert 0 < sum(sampled(obs) for _ in range(40)) < 40
+
+
+def test_reinforce_baseline_is_an_ema_of_batch_returns_and_updates_are_clipped_to_norm_one(tmp_path):
+    """b <- mean R of the first batch, then b <- d b + (1 - d) mean R; the gradient norm at each step is <= 1."""
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    config = ReinforceConfig(learning_rate=3e-3, episodes_per_update=4, total_episodes=12, baseline_decay=0.7,
+                             features="", speedup_range=(1.5, 2.5))
+    trainer = Reinforce(TwoStateEnv(), config, tmp_path / "r", progress=False)
+    norms, baselines, step = [], [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads = [p.grad.flatten() for p in trainer.network.parameters() if p.grad is not None]
+        norms.append(float(torch.cat(grads).norm()))
+        baselines.append(trainer.baseline)  # the baseline this batch's loss used (None: its own mean)
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    trainer.train()
+    means = [h["rollout_psnr"] for h in trainer.history]  # the toy's PSNR is its return
+    assert len(means) == 3 and len(set(means)) > 1
+    expected = means[0]
+    assert baselines[0] is None and baselines[1] == pytest.approx(expected)
+    expected = 0.7 * expected + 0.3 * means[1]
+    assert baselines[2] == pytest.approx(expected)
+    assert trainer.baseline == pytest.approx(0.7 * expected + 0.3 * means[2])
+    # R - b = +-5 dB on a fresh network: the raw gradient is larger than 1, so the clip is what sets its norm
+    assert max(norms) == pytest.approx(1.0, rel=1e-4) and all(n <= 1.0 + 1e-4 for n in norms)
