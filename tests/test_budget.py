@@ -257,3 +257,14 @@ def test_attainable_speedups_cover_k_0_to_k_max():
     speedups = calib.attainable_speedups()
     assert len(speedups) == 49 and speedups[0] == 1.0 and speedups[-1] == pytest.approx(13.0)
     assert np.all(np.diff(speedups) > 0)
+
+
+def test_measured_points_rule_up_to_and_including_their_end_points():
+    """Inside [K_first, K_last] (ends included) the curve comes from the points; outside, from the line."""
+    calib = SpeedupCalibration(alpha=52.0, beta=50.0, max_budget=48, points=[[0, 1.0], [10, 0.75], [20, 0.5]])
+    assert calib.speedup_of_budget(0) == 1.0 and calib.speedup_of_budget(20) == 2.0  # the line: 0.96x, 1.56x
+    assert calib.speedup_of_budget(10) == pytest.approx(4 / 3)
+    assert calib.speedup_of_budget(30) == pytest.approx(50 / 22)  # past the points: the line
+    assert calib.budget_at(1.0) == 0.0 and calib.budget_at(2.0) == 20.0  # the line: 2 and 27
+    assert calib.budget_at(4 / 3) == pytest.approx(10.0)
+    assert calib.budget_at(2.5) == pytest.approx(52 - 50 / 2.5)
