@@ -233,3 +233,129 @@ def test_reinforce_baseline_is_an_ema_of_batch_returns_and_updates_are_clipped_t
     assert trainer.baseline == pytest.approx(0.7 * expected + 0.3 * means[2])
     # R - b = +-5 dB on a fresh network: the raw gradient is larger than 1, so the clip is what sets its norm
     assert max(norms) == pytest.approx(1.0, rel=1e-4) and all(n <= 1.0 + 1e-4 for n in norms)
+
+
+# ------------------------------------------------------------------ IQL losses against their formulas
+def chain_episode(rng, n=5):
+    """An n-step episode with forced first and last steps and the terminal PSNR as the only reward."""
+    observations = {"pooled": np.zeros((n + 1, 3 * C, 4, 8, 8), np.float32),
+                    "temporal": np.zeros((n + 1, 6 * C, 8, 8), np.float32),
+                    "scalars": rng.uniform(size=(n + 1, 7)).astype(np.float32),
+                    "action_mask": np.ones((n + 1, 2), np.int8)}
+    observations["action_mask"][[0, n - 1, n]] = [1, 0]
+    actions = np.where(observations["action_mask"][:n, 1] > 0, rng.integers(0, 2, n), 0)
+    rewards = np.zeros(n, np.float32)
+    rewards[-1] = 20 + 10 * actions.mean()
+    return episode_from_trajectory(Trajectory(actions=actions, rewards=rewards, info={}, reset_info={},
+                                              observations=observations))
+
+
+def iql_and_batch(n_step=1, size=48, **kwargs):
+    from d3rlpy.torch_utility import TorchMiniBatch
+
+    d3rlpy.seed(0)
+    rng = np.random.default_rng(0)
+    buffer = make_buffer([chain_episode(rng) for _ in range(8)], n_step)
+    algo = scalar_iql(batch_size=size, **kwargs)
+    algo.build_with_dataset(buffer)
+    batch = TorchMiniBatch.from_batch(buffer.sample_transition_batch(size), 1.0, False, "cpu")
+    return algo.impl, batch
+
+
+def min_target_q(impl, batch):
+    q = torch.stack([f(batch.observations).q_value for f in impl.modules.targ_q_funcs]).min(dim=0).values
+    return q.gather(1, batch.actions.long().reshape(-1, 1))
+
+
+def test_iql_value_loss_is_the_expectile_regression_on_the_min_target_q():
+    impl, batch = iql_and_batch(expectile=0.8)
+    with torch.no_grad():
+        q = min_target_q(impl, batch)
+        impl.modules.value_func._fc.bias.add_(float(q.median() - impl.modules.value_func(batch.observations).median()))
+        diff = q - impl.modules.value_func(batch.observations)
+        assert ((diff > 0) & (diff < 1)).any() and (diff < 0).any()  # both sides of the expectile
+        expected = (torch.where(diff < 0, 0.2, 0.8) * diff**2).mean()
+        assert float(impl.value_loss(batch)) == pytest.approx(float(expected), rel=1e-5)
+        # the targets, not the online critics: move the online ones and the loss stays
+        for p in impl.modules.q_funcs.parameters():
+            p.add_(1.0)
+        assert float(impl.value_loss(batch)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_iql_q_loss_is_the_huber_td_error_to_r_plus_discounted_v_summed_over_critics():
+    impl, batch = iql_and_batch(n_step=3, gamma=0.5)
+    assert set(batch.intervals.reshape(-1).tolist()) > {1.0}  # n-step targets: gamma^k, k > 1 somewhere
+    assert (batch.terminals == 0).any() and (batch.terminals == 1).any()
+    with torch.no_grad():
+        y = batch.rewards + 0.5 ** batch.intervals * impl.modules.value_func(batch.next_observations) * (
+            1 - batch.terminals)
+        expected = 0.0
+        for f in impl.modules.q_funcs:
+            q = f(batch.observations).q_value.gather(1, batch.actions.long().reshape(-1, 1))
+            d = (y - q).abs()
+            expected += float(torch.where(d < 1, 0.5 * d**2, d - 0.5).mean())
+        assert len(impl.modules.q_funcs) == 2
+        assert float(impl.q_loss(batch)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_iql_actor_loss_is_the_clipped_advantage_weighted_likelihood_over_free_steps():
+    impl, batch = iql_and_batch(weight_temp=1.5, max_weight=2.0)
+    obs, actions = batch.observations, batch.actions.long().reshape(-1)
+    with torch.no_grad():
+        impl.modules.value_func._fc.bias.add_(0.3)
+        free = (obs[3].sum(dim=1) > 1.5).float()
+        assert 0 < free.sum() < len(free)
+
+        def expected(free):
+            adv = (min_target_q(impl, batch) - impl.modules.value_func(obs)).reshape(-1)
+            count = max(float(free.sum()), 1.0)
+            mean = (adv * free).sum() / count
+            std = (((adv - mean) ** 2 * free).sum() / count).sqrt()
+            weight = torch.exp(1.5 * (adv - mean) / (std + 1e-6)).clamp(max=2.0)
+            logp = torch.log_softmax(impl.modules.policy(obs), dim=1).gather(1, actions.reshape(-1, 1)).reshape(-1)
+            return -float((weight * logp * free).sum() / count), weight, count
+
+        loss, extra = impl.actor_loss(batch)
+        value, weight, count = expected(free)
+        assert (weight[free > 0] == 2.0).any() and (weight[free > 0] < 1).any()  # the cap binds, weights differ
+        assert float(loss) == pytest.approx(value, rel=1e-5)
+        assert extra["free_fraction"] == pytest.approx(float(free.mean()))
+        assert extra["mean_weight"] == pytest.approx(float((weight * free).sum() / count), rel=1e-5)
+        # one free transition: its advantage is the mean, weight exp(0) = 1, loss = -log pi(a|s)
+        only = torch.zeros_like(free)
+        only[int(free.nonzero()[0])] = 1
+        obs[3][only == 0] = torch.tensor([1.0, 0.0])
+        loss, extra = impl.actor_loss(batch)
+        assert float(loss) == pytest.approx(expected(only)[0], rel=1e-5)
+        assert extra["mean_weight"] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_iql_actor_loss_counts_forced_steps_when_asked():
+    impl, batch = iql_and_batch(exclude_forced=False, weight_temp=1.0, max_weight=100.0)
+    obs, actions = batch.observations, batch.actions.long().reshape(-1)
+    with torch.no_grad():
+        adv = (min_target_q(impl, batch) - impl.modules.value_func(obs)).reshape(-1)
+        weight = torch.exp((adv - adv.mean()) / (adv.std(unbiased=False) + 1e-6))
+        logp = torch.log_softmax(impl.modules.policy(obs), dim=1).gather(1, actions.reshape(-1, 1)).reshape(-1)
+        loss, extra = impl.actor_loss(batch)
+        assert float(loss) == pytest.approx(-float((weight * logp).mean()), rel=1e-5)
+        assert extra["free_fraction"] == 1.0
+
+
+def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
+    impl, batch = iql_and_batch(tau=0.25)
+    params = lambda module: [p.detach().clone() for p in module.parameters()]  # noqa: E731
+    policy0, target0 = params(impl.modules.policy), params(impl.modules.targ_q_funcs)
+    impl.critic_only = True
+    metrics = impl.inner_update(batch, 0)
+    assert set(metrics) == {"q_loss", "v_loss"}
+    assert all(torch.equal(a, b) for a, b in zip(policy0, params(impl.modules.policy)))
+    online = params(impl.modules.q_funcs)
+    assert not all(torch.equal(a, b) for a, b in zip(target0, online))  # the critics moved
+    for old, new, target in zip(target0, online, params(impl.modules.targ_q_funcs)):
+        assert torch.allclose(target, 0.75 * old + 0.25 * new, atol=1e-6)
+    impl.critic_only = False
+    metrics = impl.inner_update(batch, 1)
+    assert set(metrics) == {"q_loss", "v_loss", "actor_loss", "free_fraction", "mean_weight"}
+    assert not all(torch.equal(a, b) for a, b in zip(policy0, params(impl.modules.policy)))
+    assert metrics["q_loss"] > 0 and metrics["v_loss"] > 0
