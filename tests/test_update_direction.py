@@ -359,3 +359,63 @@ def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
     assert set(metrics) == {"q_loss", "v_loss", "actor_loss", "free_fraction", "mean_weight"}
     assert not all(torch.equal(a, b) for a, b in zip(policy0, params(impl.modules.policy)))
     assert metrics["q_loss"] > 0 and metrics["v_loss"] > 0
+
+
+# ------------------------------------------------------------------ the online round's wiring
+def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_updates(tmp_path, monkeypatch):
+    """Learning rates, beta, w_max and batch size reach IQL; each round collects, then trains the critics alone for
+    warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates) on offline + online data."""
+    import agents.online as online
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    d3rlpy.seed(0)
+    config = OnlineConfig(rounds=2, trajectories_per_round=6, warmup_epochs=3, joint_epochs=2, batch_size=4,
+                          actor_learning_rate=2e-3, critic_learning_rate=5e-3, weight_temp=0.7, max_weight=9.0,
+                          features="", n_step=2, speedup_range=(1.5, 2.5))
+    offline = [toy_episode(0, 1, GOOD), toy_episode(1, 1, BAD)]
+    calls = []
+
+    def fake_buffer(episodes, n_step):
+        calls.append(("buffer", len(episodes), n_step))
+        return make_buffer(episodes, n_step)
+
+    def fake_updates(algo, buffer, steps, writer, tag, desc, progress):
+        calls.append((tag, steps, algo.impl.critic_only, buffer.transition_count))
+        return {"q_loss": 1.0}
+
+    monkeypatch.setattr(online, "make_buffer", fake_buffer)
+    monkeypatch.setattr(online, "run_updates", fake_updates)
+    trainer = OnlineTrainer(TwoStateEnv(), config, tmp_path / "o", offline_buffer=make_buffer(offline),
+                            progress=False)
+    iql = trainer.algo.config
+    assert (iql.actor_learning_rate, iql.critic_learning_rate, iql.weight_temp, iql.max_weight, iql.batch_size) == (
+        2e-3, 5e-3, 0.7, 9.0, 4)
+    assert iql.actor_encoder_factory.features == iql.critic_encoder_factory.features == ""
+    assert iql.value_encoder_factory.features == ""
+    assert trainer.algo.impl.policy_optim.param_groups[0]["lr"] == 2e-3
+    assert len(trainer.offline_episodes) == 2 and trainer.online_episodes == [] and trainer.start_round == 0
+    history = trainer.run()
+    # round 1: 2 + 6 episodes, 8 transitions, 2 updates an epoch; round 2: 14 transitions, 3 an epoch
+    assert calls == [("buffer", 8, 2), ("warmup", 6, True, 8), ("joint", 4, False, 8),
+                     ("buffer", 14, 2), ("warmup", 9, True, 14), ("joint", 6, False, 14)]
+    assert [h["round"] for h in history] == [1, 2] and len(trainer.online_episodes) == 12
+    assert trainer.algo.impl.critic_only is False
+    assert (tmp_path / "o" / "final.d3").exists() and (tmp_path / "o" / "checkpoints" / "0001.d3").exists()
+
+
+def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_path):
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    d3rlpy.seed(0)
+    buffer = toy_buffer(1)
+    offline = scalar_iql(batch_size=4)
+    offline.build_with_dataset(buffer)
+    config = OnlineConfig(rounds=1, features="p3,mean,var", speedup_range=(1.5, 2.5))  # ignored: offline's
+    trainer = OnlineTrainer(TwoStateEnv(), config, tmp_path / "o", offline_algo=offline, progress=False)
+    for name in ("actor_encoder_factory", "critic_encoder_factory", "value_encoder_factory"):
+        assert getattr(trainer.algo.config, name).features == ""
+    assert np.allclose(prob_of_best(trainer.algo.impl.policy), prob_of_best(offline.impl.policy))
+    x = [torch.as_tensor(toy_observation(0)[k], dtype=torch.float32)[None]
+         for k in ("pooled", "temporal", "scalars", "action_mask")]
+    with torch.no_grad():
+        assert torch.equal(trainer.algo.impl.modules.value_func(x), offline.impl.modules.value_func(x))
