@@ -419,3 +419,17 @@ def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_
          for k in ("pooled", "temporal", "scalars", "action_mask")]
     with torch.no_grad():
         assert torch.equal(trainer.algo.impl.modules.value_func(x), offline.impl.modules.value_func(x))
+
+
+def test_iql_acts_row_by_row_within_each_rows_mask():
+    impl, _ = iql_and_batch()
+    rows = [toy_observation(s) for s in (0, 1, 0, 1, 0)]
+    obs = [np.stack([r[k] for r in rows]).astype(np.float32) for k in ("pooled", "temporal", "scalars", "action_mask")]
+    obs[3][:] = [[1, 0], [0, 1], [0, 1], [1, 0], [1, 0]]
+    x = [torch.as_tensor(o) for o in obs]
+    with torch.no_grad():
+        assert impl.inner_predict_best_action(x).tolist() == [0, 1, 1, 0, 0]
+        assert impl.inner_sample_action(x).tolist() == [0, 1, 1, 0, 0]
+        obs[3][:] = 1
+        free = [torch.as_tensor(o) for o in obs]
+        assert impl.inner_predict_best_action(free).tolist() == impl.policy(free).argmax(dim=1).tolist()
