@@ -268,3 +268,24 @@ def test_measured_points_rule_up_to_and_including_their_end_points():
     assert calib.budget_at(1.0) == 0.0 and calib.budget_at(2.0) == 20.0  # the line: 2 and 27
     assert calib.budget_at(4 / 3) == pytest.approx(10.0)
     assert calib.budget_at(2.5) == pytest.approx(52 - 50 / 2.5)
+
+
+def test_fractional_budget_is_clipped_to_0_and_k_max_and_counts_the_scheduler():
+    assert SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0
+    assert SpeedupCalibration(alpha=50.0, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0  # line: -2
+    assert SpeedupCalibration(alpha=50.5, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0  # line: -1.5
+    top = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48)
+    assert top.fractional_budget(top.speedup_range[1]) == 48.0
+    measured = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48, full_latency_s=52.0, num_steps=50)
+    driven = measured.with_scheduler_cost(0.05)
+    for target in (1.5, 3.0):
+        assert driven.speedup_of_budget(driven.fractional_budget(target)) == pytest.approx(target)
+        assert driven.fractional_budget(target) > measured.fractional_budget(target)
+
+
+def test_dither_rounds_up_only_when_below_the_fraction():
+    calib = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48)
+    assert calib.fractional_budget(2.0) == 26.0  # K* is an integer: every draw gives it
+    assert [calib.budget_for_speedup(2.0, u) for u in (0.0, 0.5, 0.999)] == [26, 26, 26]
+    frac = calib.fractional_budget(3.0) % 1  # 34.67
+    assert calib.budget_for_speedup(3.0, 0.0) == 35 and calib.budget_for_speedup(3.0, frac + 1e-9) == 34
