@@ -433,3 +433,28 @@ def test_iql_acts_row_by_row_within_each_rows_mask():
         obs[3][:] = 1
         free = [torch.as_tensor(o) for o in obs]
         assert impl.inner_predict_best_action(free).tolist() == impl.policy(free).argmax(dim=1).tolist()
+
+
+def test_iql_needs_tuple_observations_and_a_built_algorithm():
+    from d3rlpy.constants import ActionSpace
+
+    from agents.iql import action_mask_of
+
+    x = [torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 7), torch.ones(2, 2)]
+    assert action_mask_of(x) is x[3] and action_mask_of(tuple(x)) is x[3]
+    for bad in (x[:3], torch.zeros(2, 4)):
+        with pytest.raises(ValueError, match=r"DiscreteIQL needs tuple observations \[pooled, temporal, scalars"):
+            action_mask_of(bad)
+    algo = scalar_iql()
+    assert algo.get_action_type() == ActionSpace.DISCRETE
+    with pytest.raises(RuntimeError, match="build the algorithm first"):
+        algo.set_critic_only(True)
+    algo.build_with_dataset(toy_buffer(1))
+    algo.set_critic_only(1)
+    assert algo.impl.critic_only is True
+    algo.set_critic_only(0)
+    assert algo.impl.critic_only is False
+    impl, _ = iql_and_batch()
+    modules = impl.modules
+    assert impl.q_function is modules.q_funcs and impl.q_function_optim is modules.critic_optim.optim
+    assert impl.policy is modules.policy and impl.policy_optim is modules.actor_optim.optim
