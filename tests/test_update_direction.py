@@ -343,9 +343,18 @@ def test_iql_actor_loss_counts_forced_steps_when_asked():
 
 
 def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
-    impl, batch = iql_and_batch(tau=0.25)
+    impl, batch = iql_and_batch(tau=0.25, critic_learning_rate=1e-5)
     params = lambda module: [p.detach().clone() for p in module.parameters()]  # noqa: E731
+    assert impl.critic_only is False  # a fresh algorithm trains its actor
     policy0, target0 = params(impl.modules.policy), params(impl.modules.targ_q_funcs)
+    assert all(torch.equal(a, b) for a, b in zip(target0, params(impl.modules.q_funcs)))  # targets start synced
+    with torch.no_grad():
+        losses0 = float(impl.q_loss(batch)), float(impl.value_loss(batch))
+    metrics = impl.update_critic(batch)
+    assert (metrics["q_loss"], metrics["v_loss"]) == pytest.approx(losses0)
+    with torch.no_grad():  # V descends its loss (the target critics, its regression targets, did not move)
+        assert float(impl.value_loss(batch)) < losses0[1]
+    target0 = params(impl.modules.targ_q_funcs)
     impl.critic_only = True
     metrics = impl.inner_update(batch, 0)
     assert set(metrics) == {"q_loss", "v_loss"}
