@@ -373,14 +373,22 @@ def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
 # ------------------------------------------------------------------ the online round's wiring
 def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_updates(tmp_path, monkeypatch):
     """Learning rates, beta, w_max and batch size reach IQL; each round collects, then trains the critics alone for
-    warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates) on offline + online data."""
+    warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates, capped) on offline + online
+    data; a resumed run goes on from the next round."""
+    import json
+
     import agents.online as online
     from agents.online import OnlineConfig, OnlineTrainer
+
+    class LosslessEnv(TwoStateEnv):  # identical videos: PSNR = inf, logged as 100 dB
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, reward, terminated, truncated, {**info, "psnr": float("inf")}
 
     d3rlpy.seed(0)
     config = OnlineConfig(rounds=2, trajectories_per_round=6, warmup_epochs=3, joint_epochs=2, batch_size=4,
                           actor_learning_rate=2e-3, critic_learning_rate=5e-3, weight_temp=0.7, max_weight=9.0,
-                          features="", n_step=2, speedup_range=(1.5, 2.5))
+                          features="", n_step=2, max_steps_per_epoch=2, speedup_range=(1.5, 2.5))
     offline = [toy_episode(0, 1, GOOD), toy_episode(1, 1, BAD)]
     calls = []
 
@@ -389,12 +397,12 @@ def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_upd
         return make_buffer(episodes, n_step)
 
     def fake_updates(algo, buffer, steps, writer, tag, desc, progress):
-        calls.append((tag, steps, algo.impl.critic_only, buffer.transition_count))
+        calls.append((tag, steps, algo.impl.critic_only, buffer.transition_count, desc, progress, writer is not None))
         return {"q_loss": 1.0}
 
     monkeypatch.setattr(online, "make_buffer", fake_buffer)
     monkeypatch.setattr(online, "run_updates", fake_updates)
-    trainer = OnlineTrainer(TwoStateEnv(), config, tmp_path / "o", offline_buffer=make_buffer(offline),
+    trainer = OnlineTrainer(LosslessEnv(), config, tmp_path / "o", offline_buffer=make_buffer(offline),
                             progress=False)
     iql = trainer.algo.config
     assert (iql.actor_learning_rate, iql.critic_learning_rate, iql.weight_temp, iql.max_weight, iql.batch_size) == (
@@ -404,12 +412,23 @@ def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_upd
     assert trainer.algo.impl.policy_optim.param_groups[0]["lr"] == 2e-3
     assert len(trainer.offline_episodes) == 2 and trainer.online_episodes == [] and trainer.start_round == 0
     history = trainer.run()
-    # round 1: 2 + 6 episodes, 8 transitions, 2 updates an epoch; round 2: 14 transitions, 3 an epoch
-    assert calls == [("buffer", 8, 2), ("warmup", 6, True, 8), ("joint", 4, False, 8),
-                     ("buffer", 14, 2), ("warmup", 9, True, 14), ("joint", 6, False, 14)]
+    # round 1: 2 + 6 episodes, 8 transitions, 2 updates an epoch; round 2: 14 transitions, 3 an epoch capped to 2
+    assert calls == [("buffer", 8, 2), ("warmup", 6, True, 8, "round 1 warm-up", False, True),
+                     ("joint", 4, False, 8, "round 1 joint", False, True),
+                     ("buffer", 14, 2), ("warmup", 6, True, 14, "round 2 warm-up", False, True),
+                     ("joint", 4, False, 14, "round 2 joint", False, True)]
     assert [h["round"] for h in history] == [1, 2] and len(trainer.online_episodes) == 12
+    assert [h["rollout_psnr"] for h in history] == [100.0, 100.0]
     assert trainer.algo.impl.critic_only is False
     assert (tmp_path / "o" / "final.d3").exists() and (tmp_path / "o" / "checkpoints" / "0001.d3").exists()
+    latest = json.loads((tmp_path / "o" / "latest.json").read_text())
+    assert latest["index"] == 1 and [h["round"] for h in latest["history"]] == [1, 2]
+    calls.clear()
+    more = OnlineConfig(**{**config.__dict__, "rounds": 3})
+    resumed = OnlineTrainer(LosslessEnv(), more, tmp_path / "o", offline_buffer=make_buffer(offline), progress=False)
+    assert resumed.start_round == 2 and len(resumed.online_episodes) == 12
+    assert [h["round"] for h in resumed.run()] == [1, 2, 3]
+    assert [c[0] for c in calls] == ["buffer", "warmup", "joint"] and calls[1][4] == "round 3 warm-up"
 
 
 def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_path):
@@ -424,6 +443,7 @@ def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_
     for name in ("actor_encoder_factory", "critic_encoder_factory", "value_encoder_factory"):
         assert getattr(trainer.algo.config, name).features == ""
     assert np.allclose(prob_of_best(trainer.algo.impl.policy), prob_of_best(offline.impl.policy))
+    assert trainer.rng.integers(10**9) == np.random.default_rng(config.seed).integers(10**9)  # seeded sampling
     x = [torch.as_tensor(toy_observation(0)[k], dtype=torch.float32)[None]
          for k in ("pooled", "temporal", "scalars", "action_mask")]
     with torch.no_grad():
