@@ -199,6 +199,8 @@ def test_mask_without_a_budget_or_a_cache():
     assert spec.project(1, 2, 2, 2) == (0, True)
     assert spec.project(1, 2, 2, 2, enforce_budget=False) == (1, False)
     assert spec.project(1, 2, 0, 2, cache_valid=False, enforce_budget=False) == (0, True)
+    assert spec.project(1, 5, 0, 2, enforce_budget=False) == (0, True)  # a forced step, even without a budget
+    assert spec.project(1, 2, 0, 2, cache_valid=False) == (0, True)  # no cache: no reuse, budget or not
     assert spec.project(0, 1, 0, 4) == (1, True)
     assert spec.project(1, 1, 0, 4) == (1, False)
     assert spec.project_schedule([1, 1, 0, 0, 1, 1], 2) == [0, 1, 0, 0, 1, 0]
