@@ -78,6 +78,9 @@ def test_lpips_upsamples_small_frames_scales_to_pm1_and_averages_every_frame_onc
     upsampled = torch.nn.functional.interpolate(metrics._frames(a) * 2 - 1, size=[64, 96], mode="bilinear",
                                                 align_corners=False)
     assert torch.allclose(seen, upsampled, atol=1e-6)
+    references = torch.nn.functional.interpolate(metrics._frames(b) * 2 - 1, size=[64, 96], mode="bilinear",
+                                                 align_corners=False)
+    assert torch.allclose(torch.cat([t for _, t in calls]), references, atol=1e-6)  # the reference side too
     big = video(2, frames=1, h=64, w=80)
     model(big, big)
     assert model.model.calls[-1][0].shape == (1, 3, 64, 80)  # large enough: no resampling
