@@ -148,3 +148,4 @@ def test_lpips_loads_alexnet_in_eval_mode_on_the_device(tmp_path, monkeypatch):
     model = Lpips(device="cpu")
     assert made == {"kwargs": {"net": "alex", "verbose": False}, "device": "cpu", "eval": True}
     assert isinstance(model.model, FakeLPIPS) and model.device == torch.device("cpu")
+    assert Lpips().device == torch.device("cpu") and made["device"] == "cpu"  # the default device
