@@ -121,6 +121,10 @@ def test_ssim_is_torchmetrics_gaussian_ssim_on_the_quantised_frames(h, w):
     expected = tm_ssim(metrics._frames(a), metrics._frames(b), data_range=1.0)
     assert ssim(a, b) == pytest.approx(float(expected), rel=1e-6)
     assert abs(float(tm_ssim(metrics._frames(a), metrics._frames(b), data_range=2.0)) - float(expected)) > 2e-5
+    dim_a, dim_b = 0.3 + 0.3 * a, 0.3 + 0.3 * b  # low contrast: data_range stays 1, not the frames' spread
+    expected = tm_ssim(metrics._frames(dim_a), metrics._frames(dim_b), data_range=1.0)
+    assert ssim(dim_a, dim_b) == pytest.approx(float(expected), rel=1e-6)
+    assert abs(float(tm_ssim(metrics._frames(dim_a), metrics._frames(dim_b))) - float(expected)) > 1e-4
 
 
 def test_lpips_loads_alexnet_in_eval_mode_on_the_device(tmp_path, monkeypatch):
