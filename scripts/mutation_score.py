@@ -1,5 +1,7 @@
 """Per-module mutation score from mutmut's results in mutants/ (after `make mutate`).
 
+"undetected" is over the mutants checked so far; "not run" counts those mutmut has not reached yet.
+
     python scripts/mutation_score.py            # table: killed / survived / no tests / timeout / total
     python scripts/mutation_score.py --list     # also every surviving or untested mutant, by name
 
@@ -22,16 +24,12 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
 
 
 def module_results(root: Path) -> dict[str, dict[str, str]]:
-    """{module path: {mutant name: status}} from mutmut's .meta files."""
+    """{module path: {mutant name: status}} from mutmut's .meta files (unchecked mutants included)."""
     out = {}
     for meta in sorted(root.rglob("*.py.meta")):
         data = json.loads(meta.read_text())
         module = str(meta.relative_to(root))[: -len(".meta")]
-        statuses = {name: STATUS.get(code, "suspicious") for name, code in data["exit_code_by_key"].items()}
-        out[module] = {name: status for name, status in statuses.items() if status != "not checked"}
-        unchecked = len(statuses) - len(out[module])
-        if unchecked:
-            print(f"{module}: {unchecked} mutants not checked yet (left out below)", file=sys.stderr)
+        out[module] = {name: STATUS.get(code, "suspicious") for name, code in data["exit_code_by_key"].items()}
     return out
 
 
@@ -45,20 +43,23 @@ def main(argv=None) -> int:
         print(f"no mutmut results under {args.mutants}/: run `make mutate` first", file=sys.stderr)
         return 1
     total = Counter()
-    print(f"{'module':32} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} {'other':>6} {'total':>6} {'undetected':>11}")
+    print(f"{'module':32} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} {'other':>6} {'checked':>8} "
+          f"{'not run':>8} {'undetected':>11}")
+
+    def row(name, c):
+        known = ("killed", "survived", "no tests", "timeout", "not checked")
+        other = sum(v for k, v in c.items() if k not in known)
+        n = sum(c.values()) - c["not checked"]  # the score is over the mutants checked so far
+        undetected = c["survived"] + c["no tests"]
+        score = f"{100 * undetected / n:10.1f}%" if n else f"{'not run':>11}"
+        print(f"{name:32} {c['killed']:7} {c['survived']:9} {c['no tests']:9} {c['timeout']:8} {other:6} {n:8} "
+              f"{c['not checked']:8} {score}")
+
     for module, statuses in results.items():
         c = Counter(statuses.values())
         total += c
-        other = sum(v for k, v in c.items() if k not in ("killed", "survived", "no tests", "timeout"))
-        n = sum(c.values())
-        undetected = c["survived"] + c["no tests"]
-        print(f"{module:32} {c['killed']:7} {c['survived']:9} {c['no tests']:9} {c['timeout']:8} {other:6} {n:6} "
-              f"{100 * undetected / max(n, 1):10.1f}%")
-    n = sum(total.values())
-    undetected = total["survived"] + total["no tests"]
-    print(f"{'all':32} {total['killed']:7} {total['survived']:9} {total['no tests']:9} {total['timeout']:8} "
-          f"{n - total['killed'] - total['survived'] - total['no tests'] - total['timeout']:6} {n:6} "
-          f"{100 * undetected / max(n, 1):10.1f}%")
+        row(module, c)
+    row("all", total)
     if args.list:
         for module, statuses in results.items():
             for name, status in sorted(statuses.items()):

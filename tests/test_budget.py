@@ -139,3 +139,155 @@ def test_measured_points_override_the_line_inside_their_range(tmp_path):
     assert noisy.speedup_of_budget(20) == pytest.approx(1 / 0.7)  # a bumped-up point is flattened, not trusted
     calib.to_json(tmp_path / "c.json")
     assert SpeedupCalibration.from_json(tmp_path / "c.json") == calib
+
+
+def test_forced_steps_and_spec_validation_at_the_edges():
+    assert forced_recompute_steps(1) == {0}  # a one-step schedule is valid
+    assert forced_recompute_steps(10, expert_switch_step=0) == {0, 9}
+    assert forced_recompute_steps(10, expert_switch_step=9) == {0, 9}
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"num_steps={bad} must be >= 1"):
+            forced_recompute_steps(bad)
+        with pytest.raises(ValueError, match=f"num_steps={bad} must be >= 1"):
+            BudgetSpec(bad)
+    with pytest.raises(ValueError, match=r"expert_switch_step=-1 is outside \[0, 9\]"):
+        forced_recompute_steps(10, expert_switch_step=-1)
+    one = BudgetSpec(1)
+    assert one.forced == {0} and one.max_budget == 0 and one.free_after(0) == 0
+    assert BudgetSpec(5, frozenset({4})).forced == {0, 4}
+    for bad in ({5}, {-1}, {2, 7}):
+        with pytest.raises(ValueError, match=r"forced steps \[-?\d\] are outside \[0, 4\]"):
+            BudgetSpec(5, frozenset(bad))
+    spec = BudgetSpec(6, frozenset({0, 3, 5}))  # free: 1, 2, 4
+    assert [spec.free_after(i) for i in range(6)] == [3, 2, 1, 1, 0, 0]
+
+
+def test_budget_and_step_checks_name_the_bad_value():
+    spec = BudgetSpec(6, forced_recompute_steps(6))  # K in [0, 4]
+    for ok in (0, 4, np.int64(2)):
+        assert spec.check_budget(ok) == ok and type(spec.check_budget(ok)) is int
+    for bad in (True, np.bool_(False), 2.0, "2", None):
+        with pytest.raises(TypeError, match=r"must be an integer number of reuse steps in \[0, 4\]"):
+            spec.check_budget(bad)
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match=rf"budget K={bad} is outside the feasible range \[0, 4\] "
+                                             r"\(6 steps, 2 forced recomputes\)"):
+            spec.check_budget(bad)
+    for bad in (-1, 6):
+        with pytest.raises(ValueError, match=rf"step={bad} is outside \[0, 5\]"):
+            spec.action_mask(bad, 0, 1)
+    with pytest.raises(ValueError, match="schedule has 5 actions, expected 6"):
+        spec.project_schedule([0] * 5, 1)
+    with pytest.raises(ValueError, match="budget K=5 is outside"):
+        spec.project_schedule([0] * 6, 5)
+    # a broken invariant (K larger than the free steps left) has no feasible action: it raises, never guesses
+    with pytest.raises(RuntimeError, match=r"no feasible action at step 0 \(used=0, budget=5, cache_valid=True\)"):
+        spec.project(1, 0, 0, 5)
+
+
+def test_mask_without_a_budget_or_a_cache():
+    spec = BudgetSpec(6, forced_recompute_steps(6))
+    assert spec.unconstrained_mask(2).tolist() == [1, 1]
+    assert spec.unconstrained_mask(2, cache_valid=False).tolist() == [1, 0]
+    assert spec.unconstrained_mask(5).tolist() == [1, 0]  # forced
+    assert spec.unconstrained_mask(2).dtype == np.int8
+    # default cache_valid=True; a missing cache forbids reuse even when the budget needs it
+    assert spec.action_mask(1, 0, 4).tolist() == [0, 1]
+    assert spec.action_mask(1, 0, 4, cache_valid=False).tolist() == [0, 0]
+    assert spec.action_mask(2, 1, 2, False).tolist() == [1, 0]
+    # projection: with the budget enforced a spent budget forces recompute; without it the request stands
+    assert spec.project(1, 2, 2, 2) == (0, True)
+    assert spec.project(1, 2, 2, 2, enforce_budget=False) == (1, False)
+    assert spec.project(1, 2, 0, 2, cache_valid=False, enforce_budget=False) == (0, True)
+    assert spec.project(1, 5, 0, 2, enforce_budget=False) == (0, True)  # a forced step, even without a budget
+    assert spec.project(1, 2, 0, 2, cache_valid=False) == (0, True)  # no cache: no reuse, budget or not
+    assert spec.project(0, 1, 0, 4) == (1, True)
+    assert spec.project(1, 1, 0, 4) == (1, False)
+    assert spec.project_schedule([1, 1, 0, 0, 1, 1], 2) == [0, 1, 0, 0, 1, 0]
+
+
+def test_seed_dither_is_the_golden_ratio_sequence():
+    golden = (math.sqrt(5) - 1) / 2
+    for seed in (0, 1, 2, 17, 1000):
+        assert seed_dither(seed) == pytest.approx(((seed + 1) * golden) % 1.0, abs=1e-9)
+    assert seed_dither(0) == pytest.approx(0.6180339887)
+    assert seed_dither(np.int64(1)) == pytest.approx(0.2360679775)
+    assert type(seed_dither(3)) is float
+
+
+def test_calibration_fit_validation_and_provenance():
+    ks, latency = [0, 10, 20], [52.0, 42.0, 32.0]
+    calib = SpeedupCalibration.fit(ks, latency, max_budget=48, source="bench", num_steps=50)
+    assert calib.source == "bench" and calib.num_steps == 50 and calib.max_budget == 48
+    assert calib.full_latency_s == 52.0 and calib.points == [[0.0, 1.0], [10.0, 42 / 52], [20.0, 32 / 52]]
+    assert all(type(v) is float for point in calib.points for v in point)
+    two = SpeedupCalibration.fit([0, 10], [52.0, 42.0], max_budget=48, source="two")  # two pairs are enough
+    assert two.alpha == pytest.approx(52.0) and two.beta == pytest.approx(52.0)
+    # K=0 latency averaged over repeats when full_latency_s is not given
+    rep = SpeedupCalibration.fit([0, 0, 10], [50.0, 54.0, 42.0], max_budget=48, source="rep")
+    assert rep.full_latency_s == 52.0
+    given = SpeedupCalibration.fit([10, 20], [42.0, 32.0], max_budget=48, source="g", full_latency_s=52.0)
+    assert given.alpha == pytest.approx(52.0) and given.full_latency_s == 52.0
+    for budgets, latencies in (([0, 10], [52.0]), ([0], [52.0]), ([0, 10, 20], [52.0, 42.0])):
+        with pytest.raises(ValueError, match="need at least two"):
+            SpeedupCalibration.fit(budgets, latencies, max_budget=48, source="x")
+    for bad in ([52.0, 0.0], [52.0, -1.0]):
+        with pytest.raises(ValueError, match="latencies must be positive"):
+            SpeedupCalibration.fit([0, 10], bad, max_budget=48, source="x")
+    with pytest.raises(ValueError, match="calibration needs K=0"):
+        SpeedupCalibration.fit([5, 10], [47.0, 42.0], max_budget=48, source="x")
+
+
+def test_scheduler_cost_needs_both_measurements_and_is_recorded_in_the_source():
+    base = dict(alpha=52.0, beta=52.0, max_budget=48, source="bench")
+    measured = SpeedupCalibration(**base, full_latency_s=52.0, num_steps=50)
+    driven = measured.with_scheduler_cost(0.0125)
+    assert driven.source == "bench + scheduler 12.50 ms/step"
+    assert driven.scheduler_fraction == pytest.approx(0.0125 * 50 / 52.0)
+    assert driven.with_scheduler_cost(0.0125).scheduler_fraction == pytest.approx(2 * 0.0125 * 50 / 52.0)
+    for partial in (dict(full_latency_s=52.0), dict(num_steps=50)):
+        with pytest.raises(ValueError, match="needs a measured calibration"):
+            SpeedupCalibration(**base, **partial).with_scheduler_cost(0.01)
+    for bad in (math.nan, math.inf, "0.01", None):
+        with pytest.raises(ValueError, match="must be a finite number >= 0"):
+            measured.with_scheduler_cost(bad)
+    assert measured.with_scheduler_cost(0) is measured
+
+
+def test_attainable_speedups_cover_k_0_to_k_max():
+    calib = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48, source="test")
+    speedups = calib.attainable_speedups()
+    assert len(speedups) == 49 and speedups[0] == 1.0 and speedups[-1] == pytest.approx(13.0)
+    assert np.all(np.diff(speedups) > 0)
+
+
+def test_measured_points_rule_up_to_and_including_their_end_points():
+    """Inside [K_first, K_last] (ends included) the curve comes from the points; outside, from the line."""
+    calib = SpeedupCalibration(alpha=52.0, beta=50.0, max_budget=48, points=[[0, 1.0], [10, 0.75], [20, 0.5]])
+    assert calib.speedup_of_budget(0) == 1.0 and calib.speedup_of_budget(20) == 2.0  # the line: 0.96x, 1.56x
+    assert calib.speedup_of_budget(10) == pytest.approx(4 / 3)
+    assert calib.speedup_of_budget(30) == pytest.approx(50 / 22)  # past the points: the line
+    assert calib.budget_at(1.0) == 0.0 and calib.budget_at(2.0) == 20.0  # the line: 2 and 27
+    assert calib.budget_at(4 / 3) == pytest.approx(10.0)
+    assert calib.budget_at(2.5) == pytest.approx(52 - 50 / 2.5)
+
+
+def test_fractional_budget_is_clipped_to_0_and_k_max_and_counts_the_scheduler():
+    assert SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0
+    assert SpeedupCalibration(alpha=50.0, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0  # line: -2
+    assert SpeedupCalibration(alpha=50.5, beta=52.0, max_budget=48).fractional_budget(1.0) == 0.0  # line: -1.5
+    top = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48)
+    assert top.fractional_budget(top.speedup_range[1]) == 48.0
+    measured = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48, full_latency_s=52.0, num_steps=50)
+    driven = measured.with_scheduler_cost(0.05)
+    for target in (1.5, 3.0):
+        assert driven.speedup_of_budget(driven.fractional_budget(target)) == pytest.approx(target)
+        assert driven.fractional_budget(target) > measured.fractional_budget(target)
+
+
+def test_dither_rounds_up_only_when_below_the_fraction():
+    calib = SpeedupCalibration(alpha=52.0, beta=52.0, max_budget=48)
+    assert calib.fractional_budget(2.0) == 26.0  # K* is an integer: every draw gives it
+    assert [calib.budget_for_speedup(2.0, u) for u in (0.0, 0.5, 0.999)] == [26, 26, 26]
+    frac = calib.fractional_budget(3.0) % 1  # 34.67
+    assert calib.budget_for_speedup(3.0, 0.0) == 35 and calib.budget_for_speedup(3.0, frac + 1e-9) == 34

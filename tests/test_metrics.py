@@ -78,6 +78,9 @@ def test_lpips_upsamples_small_frames_scales_to_pm1_and_averages_every_frame_onc
     upsampled = torch.nn.functional.interpolate(metrics._frames(a) * 2 - 1, size=[64, 96], mode="bilinear",
                                                 align_corners=False)
     assert torch.allclose(seen, upsampled, atol=1e-6)
+    references = torch.nn.functional.interpolate(metrics._frames(b) * 2 - 1, size=[64, 96], mode="bilinear",
+                                                 align_corners=False)
+    assert torch.allclose(torch.cat([t for _, t in calls]), references, atol=1e-6)  # the reference side too
     big = video(2, frames=1, h=64, w=80)
     model(big, big)
     assert model.model.calls[-1][0].shape == (1, 3, 64, 80)  # large enough: no resampling
@@ -98,3 +101,55 @@ def test_lpips_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
     with pytest.raises(metrics.LpipsUnavailable, match="alexnet-owt-7be5be79.pth"):
         Lpips()
     assert metrics.alexnet_weights_path() == tmp_path / "hub" / "checkpoints" / metrics.ALEXNET_FILE
+
+
+def test_frames_rejects_anything_but_a_video_of_rgb_frames():
+    for bad in (torch.rand(8, 10, 3), torch.rand(2, 8, 10, 4), torch.rand(1, 2, 8, 10, 3)):
+        with pytest.raises(ValueError, match=r"expected a video of shape \(F, H, W, 3\)"):
+            metrics._frames(bad)
+    frames = metrics._frames(video(0, frames=2, h=4, w=5))
+    assert frames.shape == (2, 3, 4, 5) and frames.dtype == torch.float32
+
+
+@pytest.mark.parametrize("h,w", [(8, 10), (9, 12), (16, 16), (12, 40)])
+def test_ssim_is_torchmetrics_gaussian_ssim_on_the_quantised_frames(h, w):
+    """torchmetrics' Gaussian SSIM (sigma 1.5, 11 taps) with data_range 1; `kernel_size` is only checked to be odd."""
+    from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
+
+    a = video(0, h=h, w=w)
+    b = (a + 0.05 * torch.randn(a.shape, generator=torch.Generator().manual_seed(3))).clamp(0, 1)
+    expected = tm_ssim(metrics._frames(a), metrics._frames(b), data_range=1.0)
+    assert ssim(a, b) == pytest.approx(float(expected), rel=1e-6)
+    assert abs(float(tm_ssim(metrics._frames(a), metrics._frames(b), data_range=2.0)) - float(expected)) > 2e-5
+    dim_a, dim_b = 0.3 + 0.3 * a, 0.3 + 0.3 * b  # low contrast: data_range stays 1, not the frames' spread
+    expected = tm_ssim(metrics._frames(dim_a), metrics._frames(dim_b), data_range=1.0)
+    assert ssim(dim_a, dim_b) == pytest.approx(float(expected), rel=1e-6)
+    assert abs(float(tm_ssim(metrics._frames(dim_a), metrics._frames(dim_b))) - float(expected)) > 1e-4
+
+
+def test_lpips_loads_alexnet_in_eval_mode_on_the_device(tmp_path, monkeypatch):
+    import lpips
+
+    weights = tmp_path / "alexnet.pth"
+    weights.write_bytes(b"")
+    monkeypatch.setattr(metrics, "alexnet_weights_path", lambda: weights)
+    made = {}
+
+    class FakeLPIPS(torch.nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            made["kwargs"], made["device"], made["eval"] = kwargs, None, False
+
+        def to(self, device):
+            made["device"] = device
+            return self
+
+        def eval(self):
+            made["eval"] = True
+            return self
+
+    monkeypatch.setattr(lpips, "LPIPS", FakeLPIPS)
+    model = Lpips(device="cpu")
+    assert made == {"kwargs": {"net": "alex", "verbose": False}, "device": "cpu", "eval": True}
+    assert isinstance(model.model, FakeLPIPS) and model.device == torch.device("cpu")
+    assert Lpips().device == torch.device("cpu") and made["device"] == "cpu"  # the default device

@@ -205,3 +205,285 @@ def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
     assert [policy(obs) for _ in range(20)] == [0] * 20
     sampled = trainer.policy(deterministic=False)
     assert 0 < sum(sampled(obs) for _ in range(40)) < 40
+
+
+def test_reinforce_baseline_is_an_ema_of_batch_returns_and_updates_are_clipped_to_norm_one(tmp_path):
+    """b <- mean R of the first batch, then b <- d b + (1 - d) mean R; the gradient norm at each step is <= 1."""
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    config = ReinforceConfig(learning_rate=3e-3, episodes_per_update=4, total_episodes=12, baseline_decay=0.7,
+                             features="", speedup_range=(1.5, 2.5))
+    trainer = Reinforce(TwoStateEnv(), config, tmp_path / "r", progress=False)
+    norms, baselines, step = [], [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads = [p.grad.flatten() for p in trainer.network.parameters() if p.grad is not None]
+        norms.append(float(torch.cat(grads).norm()))
+        baselines.append(trainer.baseline)  # the baseline this batch's loss used (None: its own mean)
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    trainer.train()
+    means = [h["rollout_psnr"] for h in trainer.history]  # the toy's PSNR is its return
+    assert len(means) == 3 and len(set(means)) > 1
+    expected = means[0]
+    assert baselines[0] is None and baselines[1] == pytest.approx(expected)
+    expected = 0.7 * expected + 0.3 * means[1]
+    assert baselines[2] == pytest.approx(expected)
+    assert trainer.baseline == pytest.approx(0.7 * expected + 0.3 * means[2])
+    # R - b = +-5 dB on a fresh network: the raw gradient is larger than 1, so the clip is what sets its norm
+    assert max(norms) == pytest.approx(1.0, rel=1e-4) and all(n <= 1.0 + 1e-4 for n in norms)
+
+
+# ------------------------------------------------------------------ IQL losses against their formulas
+def chain_episode(rng, n=5):
+    """An n-step episode with forced first and last steps and the terminal PSNR as the only reward."""
+    observations = {"pooled": np.zeros((n + 1, 3 * C, 4, 8, 8), np.float32),
+                    "temporal": np.zeros((n + 1, 6 * C, 8, 8), np.float32),
+                    "scalars": rng.uniform(size=(n + 1, 7)).astype(np.float32),
+                    "action_mask": np.ones((n + 1, 2), np.int8)}
+    observations["action_mask"][[0, n - 1, n]] = [1, 0]
+    actions = np.where(observations["action_mask"][:n, 1] > 0, rng.integers(0, 2, n), 0)
+    rewards = np.zeros(n, np.float32)
+    rewards[-1] = 20 + 10 * actions.mean()
+    return episode_from_trajectory(Trajectory(actions=actions, rewards=rewards, info={}, reset_info={},
+                                              observations=observations))
+
+
+def iql_and_batch(n_step=1, size=48, **kwargs):
+    from d3rlpy.torch_utility import TorchMiniBatch
+
+    d3rlpy.seed(0)
+    rng = np.random.default_rng(0)
+    buffer = make_buffer([chain_episode(rng) for _ in range(8)], n_step)
+    algo = scalar_iql(batch_size=size, **kwargs)
+    algo.build_with_dataset(buffer)
+    batch = TorchMiniBatch.from_batch(buffer.sample_transition_batch(size), 1.0, False, "cpu")
+    return algo.impl, batch
+
+
+def min_target_q(impl, batch):
+    q = torch.stack([f(batch.observations).q_value for f in impl.modules.targ_q_funcs]).min(dim=0).values
+    return q.gather(1, batch.actions.long().reshape(-1, 1))
+
+
+def test_iql_value_loss_is_the_expectile_regression_on_the_min_target_q():
+    impl, batch = iql_and_batch(expectile=0.8)
+    with torch.no_grad():
+        q = min_target_q(impl, batch)
+        impl.modules.value_func._fc.bias.add_(float(q.median() - impl.modules.value_func(batch.observations).median()))
+        diff = q - impl.modules.value_func(batch.observations)
+        assert ((diff > 0) & (diff < 1)).any() and (diff < 0).any()  # both sides of the expectile
+        expected = (torch.where(diff < 0, 0.2, 0.8) * diff**2).mean()
+        assert float(impl.value_loss(batch)) == pytest.approx(float(expected), rel=1e-5)
+        # the targets, not the online critics: move the online ones and the loss stays
+        for p in impl.modules.q_funcs.parameters():
+            p.add_(1.0)
+        assert float(impl.value_loss(batch)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_iql_q_loss_is_the_huber_td_error_to_r_plus_discounted_v_summed_over_critics():
+    impl, batch = iql_and_batch(n_step=3, gamma=0.5)
+    assert set(batch.intervals.reshape(-1).tolist()) > {1.0}  # n-step targets: gamma^k, k > 1 somewhere
+    assert (batch.terminals == 0).any() and (batch.terminals == 1).any()
+    with torch.no_grad():
+        y = batch.rewards + 0.5 ** batch.intervals * impl.modules.value_func(batch.next_observations) * (
+            1 - batch.terminals)
+        expected = 0.0
+        for f in impl.modules.q_funcs:
+            q = f(batch.observations).q_value.gather(1, batch.actions.long().reshape(-1, 1))
+            d = (y - q).abs()
+            expected += float(torch.where(d < 1, 0.5 * d**2, d - 0.5).mean())
+        assert len(impl.modules.q_funcs) == 2
+        assert float(impl.q_loss(batch)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_iql_actor_loss_is_the_clipped_advantage_weighted_likelihood_over_free_steps():
+    impl, batch = iql_and_batch(weight_temp=1.5, max_weight=2.0)
+    obs, actions = batch.observations, batch.actions.long().reshape(-1)
+    with torch.no_grad():
+        impl.modules.value_func._fc.bias.add_(0.3)
+        free = (obs[3].sum(dim=1) > 1.5).float()
+        assert 0 < free.sum() < len(free)
+
+        def expected(free):
+            adv = (min_target_q(impl, batch) - impl.modules.value_func(obs)).reshape(-1)
+            count = max(float(free.sum()), 1.0)
+            mean = (adv * free).sum() / count
+            std = (((adv - mean) ** 2 * free).sum() / count).sqrt()
+            weight = torch.exp(1.5 * (adv - mean) / (std + 1e-6)).clamp(max=2.0)
+            logp = torch.log_softmax(impl.modules.policy(obs), dim=1).gather(1, actions.reshape(-1, 1)).reshape(-1)
+            return -float((weight * logp * free).sum() / count), weight, count
+
+        loss, extra = impl.actor_loss(batch)
+        value, weight, count = expected(free)
+        assert (weight[free > 0] == 2.0).any() and (weight[free > 0] < 1).any()  # the cap binds, weights differ
+        assert float(loss) == pytest.approx(value, rel=1e-5)
+        assert extra["free_fraction"] == pytest.approx(float(free.mean()))
+        assert extra["mean_weight"] == pytest.approx(float((weight * free).sum() / count), rel=1e-5)
+        # one free transition: its advantage is the mean, weight exp(0) = 1, loss = -log pi(a|s)
+        only = torch.zeros_like(free)
+        only[int(free.nonzero()[0])] = 1
+        obs[3][only == 0] = torch.tensor([1.0, 0.0])
+        loss, extra = impl.actor_loss(batch)
+        assert float(loss) == pytest.approx(expected(only)[0], rel=1e-5)
+        assert extra["mean_weight"] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_iql_actor_loss_counts_forced_steps_when_asked():
+    impl, batch = iql_and_batch(exclude_forced=False, weight_temp=1.0, max_weight=100.0)
+    obs, actions = batch.observations, batch.actions.long().reshape(-1)
+    with torch.no_grad():
+        adv = (min_target_q(impl, batch) - impl.modules.value_func(obs)).reshape(-1)
+        weight = torch.exp((adv - adv.mean()) / (adv.std(unbiased=False) + 1e-6))
+        logp = torch.log_softmax(impl.modules.policy(obs), dim=1).gather(1, actions.reshape(-1, 1)).reshape(-1)
+        loss, extra = impl.actor_loss(batch)
+        assert float(loss) == pytest.approx(-float((weight * logp).mean()), rel=1e-5)
+        assert extra["free_fraction"] == 1.0
+
+
+def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
+    impl, batch = iql_and_batch(tau=0.25, critic_learning_rate=1e-5)
+    params = lambda module: [p.detach().clone() for p in module.parameters()]  # noqa: E731
+    assert impl.critic_only is False  # a fresh algorithm trains its actor
+    policy0, target0 = params(impl.modules.policy), params(impl.modules.targ_q_funcs)
+    assert all(torch.equal(a, b) for a, b in zip(target0, params(impl.modules.q_funcs)))  # targets start synced
+    with torch.no_grad():
+        losses0 = float(impl.q_loss(batch)), float(impl.value_loss(batch))
+    metrics = impl.update_critic(batch)
+    assert (metrics["q_loss"], metrics["v_loss"]) == pytest.approx(losses0)
+    with torch.no_grad():  # V descends its loss (the target critics, its regression targets, did not move)
+        assert float(impl.value_loss(batch)) < losses0[1]
+    target0 = params(impl.modules.targ_q_funcs)
+    impl.critic_only = True
+    metrics = impl.inner_update(batch, 0)
+    assert set(metrics) == {"q_loss", "v_loss"}
+    assert all(torch.equal(a, b) for a, b in zip(policy0, params(impl.modules.policy)))
+    online = params(impl.modules.q_funcs)
+    assert not all(torch.equal(a, b) for a, b in zip(target0, online))  # the critics moved
+    for old, new, target in zip(target0, online, params(impl.modules.targ_q_funcs)):
+        assert torch.allclose(target, 0.75 * old + 0.25 * new, atol=1e-6)
+    impl.critic_only = False
+    metrics = impl.inner_update(batch, 1)
+    assert set(metrics) == {"q_loss", "v_loss", "actor_loss", "free_fraction", "mean_weight"}
+    assert not all(torch.equal(a, b) for a, b in zip(policy0, params(impl.modules.policy)))
+    assert metrics["q_loss"] > 0 and metrics["v_loss"] > 0
+
+
+# ------------------------------------------------------------------ the online round's wiring
+def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_updates(tmp_path, monkeypatch):
+    """Learning rates, beta, w_max and batch size reach IQL; each round collects, then trains the critics alone for
+    warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates, capped) on offline + online
+    data; a resumed run goes on from the next round."""
+    import json
+
+    import agents.online as online
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    class LosslessEnv(TwoStateEnv):  # identical videos: PSNR = inf, logged as 100 dB
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, reward, terminated, truncated, {**info, "psnr": float("inf")}
+
+    d3rlpy.seed(0)
+    config = OnlineConfig(rounds=2, trajectories_per_round=6, warmup_epochs=3, joint_epochs=2, batch_size=4,
+                          actor_learning_rate=2e-3, critic_learning_rate=5e-3, weight_temp=0.7, max_weight=9.0,
+                          features="", n_step=2, max_steps_per_epoch=2, speedup_range=(1.5, 2.5))
+    offline = [toy_episode(0, 1, GOOD), toy_episode(1, 1, BAD)]
+    calls = []
+
+    def fake_buffer(episodes, n_step):
+        calls.append(("buffer", len(episodes), n_step))
+        return make_buffer(episodes, n_step)
+
+    def fake_updates(algo, buffer, steps, writer, tag, desc, progress):
+        calls.append((tag, steps, algo.impl.critic_only, buffer.transition_count, desc, progress, writer is not None))
+        return {"q_loss": 1.0}
+
+    monkeypatch.setattr(online, "make_buffer", fake_buffer)
+    monkeypatch.setattr(online, "run_updates", fake_updates)
+    trainer = OnlineTrainer(LosslessEnv(), config, tmp_path / "o", offline_buffer=make_buffer(offline),
+                            progress=False)
+    iql = trainer.algo.config
+    assert (iql.actor_learning_rate, iql.critic_learning_rate, iql.weight_temp, iql.max_weight, iql.batch_size) == (
+        2e-3, 5e-3, 0.7, 9.0, 4)
+    assert iql.actor_encoder_factory.features == iql.critic_encoder_factory.features == ""
+    assert iql.value_encoder_factory.features == ""
+    assert trainer.algo.impl.policy_optim.param_groups[0]["lr"] == 2e-3
+    assert len(trainer.offline_episodes) == 2 and trainer.online_episodes == [] and trainer.start_round == 0
+    history = trainer.run()
+    # round 1: 2 + 6 episodes, 8 transitions, 2 updates an epoch; round 2: 14 transitions, 3 an epoch capped to 2
+    assert calls == [("buffer", 8, 2), ("warmup", 6, True, 8, "round 1 warm-up", False, True),
+                     ("joint", 4, False, 8, "round 1 joint", False, True),
+                     ("buffer", 14, 2), ("warmup", 6, True, 14, "round 2 warm-up", False, True),
+                     ("joint", 4, False, 14, "round 2 joint", False, True)]
+    assert [h["round"] for h in history] == [1, 2] and len(trainer.online_episodes) == 12
+    assert [h["rollout_psnr"] for h in history] == [100.0, 100.0]
+    assert trainer.algo.impl.critic_only is False
+    assert (tmp_path / "o" / "final.d3").exists() and (tmp_path / "o" / "checkpoints" / "0001.d3").exists()
+    latest = json.loads((tmp_path / "o" / "latest.json").read_text())
+    assert latest["index"] == 1 and [h["round"] for h in latest["history"]] == [1, 2]
+    calls.clear()
+    more = OnlineConfig(**{**config.__dict__, "rounds": 3})
+    resumed = OnlineTrainer(LosslessEnv(), more, tmp_path / "o", offline_buffer=make_buffer(offline), progress=False)
+    assert resumed.start_round == 2 and len(resumed.online_episodes) == 12
+    assert [h["round"] for h in resumed.run()] == [1, 2, 3]
+    assert [c[0] for c in calls] == ["buffer", "warmup", "joint"] and calls[1][4] == "round 3 warm-up"
+
+
+def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_path):
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    d3rlpy.seed(0)
+    buffer = toy_buffer(1)
+    offline = scalar_iql(batch_size=4)
+    offline.build_with_dataset(buffer)
+    config = OnlineConfig(rounds=1, features="p3,mean,var", speedup_range=(1.5, 2.5))  # ignored: offline's
+    trainer = OnlineTrainer(TwoStateEnv(), config, tmp_path / "o", offline_algo=offline, progress=False)
+    for name in ("actor_encoder_factory", "critic_encoder_factory", "value_encoder_factory"):
+        assert getattr(trainer.algo.config, name).features == ""
+    assert np.allclose(prob_of_best(trainer.algo.impl.policy), prob_of_best(offline.impl.policy))
+    assert trainer.rng.integers(10**9) == np.random.default_rng(config.seed).integers(10**9)  # seeded sampling
+    x = [torch.as_tensor(toy_observation(0)[k], dtype=torch.float32)[None]
+         for k in ("pooled", "temporal", "scalars", "action_mask")]
+    with torch.no_grad():
+        assert torch.equal(trainer.algo.impl.modules.value_func(x), offline.impl.modules.value_func(x))
+
+
+def test_iql_acts_row_by_row_within_each_rows_mask():
+    impl, _ = iql_and_batch()
+    rows = [toy_observation(s) for s in (0, 1, 0, 1, 0)]
+    obs = [np.stack([r[k] for r in rows]).astype(np.float32) for k in ("pooled", "temporal", "scalars", "action_mask")]
+    obs[3][:] = [[1, 0], [0, 1], [0, 1], [1, 0], [1, 0]]
+    x = [torch.as_tensor(o) for o in obs]
+    with torch.no_grad():
+        assert impl.inner_predict_best_action(x).tolist() == [0, 1, 1, 0, 0]
+        assert impl.inner_sample_action(x).tolist() == [0, 1, 1, 0, 0]
+        obs[3][:] = 1
+        free = [torch.as_tensor(o) for o in obs]
+        assert impl.inner_predict_best_action(free).tolist() == impl.policy(free).argmax(dim=1).tolist()
+
+
+def test_iql_needs_tuple_observations_and_a_built_algorithm():
+    from d3rlpy.constants import ActionSpace
+
+    from agents.iql import action_mask_of
+
+    x = [torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 7), torch.ones(2, 2)]
+    assert action_mask_of(x) is x[3] and action_mask_of(tuple(x)) is x[3]
+    for bad in (x[:3], torch.zeros(2, 4)):
+        with pytest.raises(ValueError, match=r"DiscreteIQL needs tuple observations \[pooled, temporal, scalars"):
+            action_mask_of(bad)
+    algo = scalar_iql()
+    assert algo.get_action_type() == ActionSpace.DISCRETE
+    with pytest.raises(RuntimeError, match="build the algorithm first"):
+        algo.set_critic_only(True)
+    algo.build_with_dataset(toy_buffer(1))
+    algo.set_critic_only(1)
+    assert algo.impl.critic_only is True
+    algo.set_critic_only(0)
+    assert algo.impl.critic_only is False
+    impl, _ = iql_and_batch()
+    modules = impl.modules
+    assert impl.q_function is modules.q_funcs and impl.q_function_optim is modules.critic_optim.optim
+    assert impl.policy is modules.policy and impl.policy_optim is modules.actor_optim.optim
