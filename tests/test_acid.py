@@ -8,7 +8,6 @@ from morca_env.rules import forms, runtime
 from morca_env.rules.acid import Acid
 from morca_env.rules.dicache import DiCache
 from morca_env.rules.first_block_cache import FirstBlockCache
-from tests import rule_forms
 
 
 def decisions(rule, threshold, trace):
@@ -48,34 +47,3 @@ def test_bad_settings_say_what_is_valid():
     with pytest.raises(ValueError, match="kappa=-1 must be a number > 0"):
         Acid(DiCache(), kappa=-1)
     assert policies.make("acid", rule="easycache", rule_options={"warmup": 0.1}).rule.inner.warmup == 0.1
-
-
-# ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
-@pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
-def test_every_form_runs_in_the_env_at_exact_k(envs):
-    rule_forms.check_forms_in_env("acid", *envs)
-
-
-@pytest.mark.slow  # fits the global map on free runs
-def test_global_threshold_tracks_the_target(envs):
-    rule_forms.check_global_tracks_the_target("acid", *envs)
-
-
-def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
-    rule_forms.check_recipe_and_evaluate("acid", *envs)
-
-
-@pytest.mark.slow  # collects with every form (the global one fits its map on free runs)
-def test_forms_collect_datasets(tmp_path, monkeypatch):
-    rule_forms.check_collection("acid", tmp_path, monkeypatch)
-
-
-@pytest.mark.parametrize("kind", ["wan21", "wan22"])
-def test_every_form_runs_under_accelerate(kind):
-    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
-    rule_forms.check_accelerate("acid", kind, threshold_map=given)

@@ -108,11 +108,6 @@ def envs(tmp_path):
     return rule_forms.make_envs(tmp_path)
 
 
-@pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
-def test_every_form_runs_in_the_env_at_exact_k(envs):
-    rule_forms.check_forms_in_env("dicache", *envs)
-
-
 BUDGET = 6  # attainable by a threshold for this prompt on the random tiny model
 
 
@@ -124,23 +119,3 @@ def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     native = rollout(free, policies.make("dicache", env, threshold=exact.last_threshold),
                      {"prompt": "a red circle", "seed": 1, "budget": BUDGET})
     assert native.schedule == trajectory.schedule
-
-
-@pytest.mark.slow  # fits the global map on free runs
-def test_global_threshold_tracks_the_target(envs):
-    rule_forms.check_global_tracks_the_target("dicache", *envs)
-
-
-def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
-    rule_forms.check_recipe_and_evaluate("dicache", *envs)
-
-
-@pytest.mark.slow  # collects with every form (the global one fits its map on free runs)
-def test_forms_collect_datasets(tmp_path, monkeypatch):
-    rule_forms.check_collection("dicache", tmp_path, monkeypatch)
-
-
-@pytest.mark.parametrize("kind", ["wan21", "wan22"])
-def test_every_form_runs_under_accelerate(kind):
-    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
-    rule_forms.check_accelerate("dicache", kind, threshold_map=given)

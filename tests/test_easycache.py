@@ -102,11 +102,6 @@ def envs(tmp_path):
     return rule_forms.make_envs(tmp_path)
 
 
-@pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
-def test_every_form_runs_in_the_env_at_exact_k(envs):
-    rule_forms.check_forms_in_env("easycache", *envs)
-
-
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     env, free = envs
     exact = policies.make("easycache-exact", env)
@@ -115,23 +110,3 @@ def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     native = rollout(free, policies.make("easycache", env, threshold=exact.last_threshold),
                      {"prompt": "a red circle", "seed": 1, "budget": 4})
     assert native.schedule == trajectory.schedule
-
-
-@pytest.mark.slow  # fits the global map on free runs
-def test_global_threshold_tracks_the_target(envs):
-    rule_forms.check_global_tracks_the_target("easycache", *envs)
-
-
-def test_forms_run_in_a_collection_recipe_and_evaluate(envs):
-    rule_forms.check_recipe_and_evaluate("easycache", *envs)
-
-
-@pytest.mark.slow  # collects with every form (the global one fits its map on free runs)
-def test_forms_collect_datasets(tmp_path, monkeypatch):
-    rule_forms.check_collection("easycache", tmp_path, monkeypatch)
-
-
-@pytest.mark.parametrize("kind", ["wan21", "wan22"])
-def test_every_form_runs_under_accelerate(kind):
-    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
-    rule_forms.check_accelerate("easycache", kind, threshold_map=given)

@@ -1,0 +1,44 @@
+"""The checks every run-time cache rule's three forms must pass (tests/rule_forms.py), once per rule: in the env
+at exact K, the global map tracking its target, in a collection recipe and evaluate.py, collecting datasets, and
+under accelerate on a tiny Wan2.1 and Wan2.2. Each rule's own module tests its decisions by hand."""
+
+import pytest
+
+from tests import rule_forms
+
+RUNTIME_RULES = ("first-block-cache", "easycache", "dicache", "acid")
+
+
+@pytest.fixture
+def envs(tmp_path):
+    return rule_forms.make_envs(tmp_path)
+
+
+@pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
+@pytest.mark.parametrize("rule", RUNTIME_RULES)
+def test_every_form_runs_in_the_env_at_exact_k(rule, envs):
+    rule_forms.check_forms_in_env(rule, *envs)
+
+
+@pytest.mark.slow  # fits the global map on free runs
+@pytest.mark.parametrize("rule", RUNTIME_RULES)
+def test_global_threshold_tracks_the_target(rule, envs):
+    rule_forms.check_global_tracks_the_target(rule, *envs)
+
+
+@pytest.mark.parametrize("rule", RUNTIME_RULES)
+def test_forms_run_in_a_collection_recipe_and_evaluate(rule, envs):
+    rule_forms.check_recipe_and_evaluate(rule, *envs)
+
+
+@pytest.mark.slow  # collects with every form (the global one fits its map on free runs)
+@pytest.mark.parametrize("rule", RUNTIME_RULES)
+def test_forms_collect_datasets(rule, tmp_path, monkeypatch):
+    rule_forms.check_collection(rule, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+@pytest.mark.parametrize("rule", RUNTIME_RULES)
+def test_every_form_runs_under_accelerate(rule, kind):
+    given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
+    rule_forms.check_accelerate(rule, kind, threshold_map=given)
