@@ -288,13 +288,19 @@ class ExactRule(_FixedSchedule):
 
     def plan(self, spec, budget):
         self.last_threshold, schedule = exact_threshold(self.rule, budget)
-        self.clipped = None
-        if sum(schedule) != budget:
-            self.clipped = (sum(schedule), budget)
-            warnings.warn(f"{self.rule.name}-exact: no threshold gives exactly K={budget} reuses in "
-                          f"{spec.num_steps} steps (closest: {sum(schedule)} at {self.last_threshold:.4g}); "
-                          "the budget mask adjusts the closest schedule", stacklevel=2)
+        self.clipped = clipping(self.rule.name, schedule, budget, spec.num_steps, self.last_threshold)
         return schedule
+
+
+def clipping(name: str, schedule, budget: int, num_steps: int, threshold: float) -> tuple[int, int] | None:
+    """(reached, wanted) when no threshold of rule `name` gives exactly `budget` reuses (warned), else None:
+    the exact forms then play the closest schedule and the env's mask adjusts it."""
+    if sum(schedule) == budget:
+        return None
+    warnings.warn(f"{name}-exact: no threshold gives exactly K={budget} reuses in {num_steps} steps "
+                  f"(closest: {sum(schedule)} at {threshold:.4g}); the budget mask adjusts the closest schedule",
+                  stacklevel=3)
+    return sum(schedule), budget
 
 
 def packaged_constants(rule: str, model: str | None) -> dict | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from typing import Protocol
 
 import numpy as np
@@ -246,12 +245,7 @@ class ExactRuntimeRule(_FixedSchedule):
 
         # thresholds to 1%: each try is a generation, and finer steps rarely change a run-time rule's count
         self.last_threshold, schedule = forms.search_threshold(schedule_at, budget, self.iterations, rtol=0.01)
-        self.clipped = None
-        if sum(schedule) != budget:
-            self.clipped = (sum(schedule), budget)
-            warnings.warn(f"{self.rule.name}-exact: no threshold found with exactly K={budget} reuses in "
-                          f"{spec.num_steps} steps (closest: {sum(schedule)} at {self.last_threshold:.4g}); "
-                          "the budget mask adjusts the closest schedule", stacklevel=2)
+        self.clipped = forms.clipping(self.rule.name, schedule, budget, spec.num_steps, self.last_threshold)
         return (schedule + [0] * spec.num_steps)[:spec.num_steps]
 
     def close(self) -> None:
