@@ -320,7 +320,7 @@ def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
     from .models.presets import get_preset
 
     spec = gym.spec(env_id)
-    preset = get_preset(spec.kwargs.get("model", env_kwargs.get("model")))
+    preset = get_preset(env_kwargs.get("model", spec.kwargs.get("model")))  # the recipe overrides the registration, as in gym.make
     device = str(env_kwargs.get("device") or "")
     return bool(preset.prefers_gpu) and not device.startswith("cpu")
 

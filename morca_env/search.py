@@ -338,18 +338,23 @@ def _init_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | 
     _WORKER_ENV = gym.make(env_id, **env_kwargs)
 
 
-def _run_task(args) -> dict:
+def _search_task(args) -> dict:
     task, config, out = args
     result = search_schedule(_WORKER_ENV, task.pairs, task.budget, config, Path(out) / f"{task.name}.jsonl")
-    data = json.loads(json.dumps({"name": task.name, **result.to_dict(), "config": asdict(config)}))  # as read back
-    atomic_write_text(Path(out) / f"{task.name}.json", json.dumps(data) + "\n")
+    return json.loads(json.dumps({"name": task.name, **result.to_dict(), "config": asdict(config)}))  # as read back
+
+
+def _run_task(args) -> dict:
+    data = _search_task(args)
+    atomic_write_text(Path(args[2]) / f"{data['name']}.json", json.dumps(data) + "\n")
     return data
 
 
 def _actor_worker(env_id: str, env_kwargs: dict, threads: int):
-    """A Ray actor's search worker (`morca_env.executors`): its own env, then `_run_task` per job."""
+    """A Ray actor's search worker (`morca_env.executors`): its own env, then `_search_task` per job (the driver
+    writes each result, so none lands on a worker node's disk)."""
     _init_worker(env_id, env_kwargs, threads)
-    return _run_task
+    return _search_task
 
 
 def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out: str | Path,
