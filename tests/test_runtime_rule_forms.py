@@ -42,3 +42,17 @@ def test_forms_collect_datasets(rule, tmp_path, monkeypatch):
 def test_every_form_runs_under_accelerate(rule, kind):
     given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # the global form needs a map without an env
     rule_forms.check_accelerate(rule, kind, threshold_map=given)
+
+
+def test_threshold_search_plays_no_schedule_it_does_not_need():
+    """Each schedule played by a run-time rule's exact form is a generation: once a threshold gives K, stop."""
+    from morca_env.rules import forms
+
+    played = []
+
+    def schedule_at(threshold):  # reuses grow with the threshold: 1 reuse per 0.01
+        played.append(threshold)
+        return [1] * min(10, int(threshold / 0.01)) + [0] * (10 - min(10, int(threshold / 0.01)))
+
+    threshold, schedule = forms.search_threshold(schedule_at, 4, start=0.04)
+    assert sum(schedule) == 4 and threshold == 0.04 and played == [0.04]  # not the bracket's bottom, 0.0

@@ -177,7 +177,8 @@ def search_threshold(schedule_at, budget: int, iterations: int = 100, start: flo
             lo = mid
         else:
             hi = mid
-    count(lo)
+    if count(hi) == budget:  # found: no need to play lo (at 0, a full run without any reuse)
+        return hi, seen[hi]
     candidates = [(abs(count(t) - budget), count(t) > budget, t) for t in (hi, lo)]
     _, _, threshold = min(candidates, key=lambda c: (c[0], c[1]))
     return threshold, seen[threshold]
