@@ -15,15 +15,16 @@ The patch embedding, condition embedder, output norm and unpatchify always run.
 One ``ResidualCache`` per transformer, so Wan2.2's two experts keep separate state.
 
 For rules that decide from the first block (FirstBlockCache, DiCache) the leader
-also *observes*, never deciding: per branch it keeps block 0's non-hidden call
-arguments (text context, rotary embedding: the same at every step of a video) and,
-with ``keep_head``, block 0's input and output at the branch's latest computed call;
+also *observes*, never deciding: with ``keep_head``, per branch it keeps block 0's
+non-hidden call arguments (text context, rotary embedding: the same at every step of
+a video) and block 0's input and output at the branch's latest computed call;
 with ``keep_output`` (EasyCache), the transformer's output at that call.
 ``bypassed()`` lets a probe run blocks outside the cache (`signals.head_block_residual`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,9 +78,14 @@ def _hidden_states(args, kwargs) -> torch.Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _forward_signature(cls) -> inspect.Signature:
+    return inspect.signature(cls.forward)
+
+
 def _call_arguments(module, args, kwargs) -> dict:
     """The block call's arguments by name, `hidden_states` left out (names from the block class's forward)."""
-    bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs).arguments
+    bound = _forward_signature(type(module)).bind(module, *args, **kwargs).arguments
     return {name: value for name, value in list(bound.items())[1:] if name != "hidden_states"}
 
 
@@ -112,7 +118,8 @@ class _LeaderHook(_CacheHook):
             return self.fn_ref.original_forward(*args, **kwargs)
         state: _BranchState = self.states.get_state()
         hidden = _hidden_states(args, kwargs)
-        state.head_arguments = _call_arguments(module, args, kwargs)
+        if self.controller.keep_head:  # only the block-0 probe reads them: no binding on other runs' calls
+            state.head_arguments = _call_arguments(module, args, kwargs)
         if self.controller.reuse:
             if state.residual is None:
                 raise RuntimeError(

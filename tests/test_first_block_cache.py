@@ -140,6 +140,24 @@ def test_decisions_equal_diffusers_first_block_cache_on_a_tiny_wan(wan21_pipe):
     assert reused > 0
 
 
+def test_block_0_arguments_are_kept_only_for_rules_that_probe(wan21_pipe):
+    """Binding block 0's call arguments costs every transformer call: only runs with `keep_head` pay it."""
+    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from tests.conftest import prompt_embeds
+
+    embeds = prompt_embeds()
+    den = StepwiseDenoiser(wan21_pipe, DenoiserConfig(num_inference_steps=4, height=32, width=32, num_frames=9))
+    try:
+        den.start(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], seed=0)
+        den.step(reuse=False)
+        assert den.cache(0).head_arguments("cond") is None
+        den.caches[0].keep_head = True
+        den.step(reuse=False)
+        assert {"encoder_hidden_states", "temb"} <= set(den.cache(1).head_arguments("cond"))
+    finally:
+        den.close()
+
+
 def test_probe_equals_the_computed_block_and_costs_one_block_per_branch(wan21_pipe):
     """The probe (block 0 on the step's input, before the decision) equals block 0 of the call that then computes,
     bit for bit; block 0 runs once more than the other blocks on each probed step and branch: that is the probe's
