@@ -60,6 +60,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_threads(args.threads)
+    stored = args.run_dir / "args.json"
+    if args.resume and stored.exists():  # a run on other data would be "resumed" past its last epoch, silently
+        before = json.loads(stored.read_text()).get("dataset")
+        if before not in (str(args.dataset), args.dataset[0] if len(args.dataset) == 1 else None):
+            raise SystemExit(f"--resume: {args.run_dir} holds a run on dataset {before}, not {args.dataset}; "
+                             "use another --run-dir (or remove this one) to train on the new data")
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
     dataset = datasets[0]

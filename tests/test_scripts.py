@@ -175,3 +175,20 @@ def test_item19_calibration_table_explains_a_speedup_below_one_at_k0():
     calib = SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48)
     text = CalibrationMeasurement(calib, [0, 24], {0: 0.84, 24: 0.45}, 0.758).table()
     assert "K = 0 runs at 0.902x, not 1x: an episode also computes the scheduler's inputs" in text
+
+
+def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
+    """A rerun on new data (the quickstart's recipe changed) must not 'resume' past the old run's last epoch."""
+    run_dir = tmp_path / "offline"
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"dataset": "morca/tiny/quickstart-v0"}))
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari")}
+    out = subprocess.run([sys.executable, "scripts/train_offline.py", "--dataset", "morca/tiny/quickstart-mixture-v0",
+                          "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "holds a run on dataset morca/tiny/quickstart-v0" in out.stderr
+    # the same dataset (as older runs stored it, a plain string) passes the check and fails later, on the missing data
+    out = subprocess.run([sys.executable, "scripts/train_offline.py", "--dataset", "morca/tiny/quickstart-v0",
+                          "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "holds a run" not in out.stderr
