@@ -89,6 +89,7 @@ class StepwiseDenoiser:
         self.timesteps = self.scheduler.timesteps
         self.expert_of_step = wan_structure.expert_of_steps(pipe, self.timesteps)
         self._latents: torch.Tensor | None = None
+        self._input = self._input_of = None  # _model_input's tensor and the latents it was made from
         self.last_velocity: torch.Tensor | None = None  # guided model output of the latest step
         self._index = self.num_steps
         self.elapsed_s = 0.0
@@ -154,7 +155,13 @@ class StepwiseDenoiser:
         if self._index != step or self.done:
             raise RuntimeError(f"the run is at step {self._index}, not {step}: a run-time rule decides each step "
                                "before it runs, in order")
-        return self.expert(step), self.latents.to(self.transformer_dtype), self.timestep(step).expand(self.latents.shape[0])
+        return self.expert(step), self._model_input(), self.timestep(step).expand(self.latents.shape[0])
+
+    def _model_input(self) -> torch.Tensor:
+        """The latents in the transformer's dtype, converted once per step for the signal and the step's calls."""
+        if self._input_of is not self._latents:
+            self._input, self._input_of = self.latents.to(self.transformer_dtype), self._latents
+        return self._input
 
     def cache(self, step: int) -> ResidualCache:
         return self.cache_for(step)
@@ -233,7 +240,7 @@ class StepwiseDenoiser:
         guidance = self.config.guidance_scale
         if self.expert_of_step[i] == 1 and self.config.guidance_scale_2 is not None:
             guidance = self.config.guidance_scale_2
-        model_input = self._latents.to(self.transformer_dtype)
+        model_input = self._model_input()
         timestep = t.expand(self._latents.shape[0])
         context = {"step_index": i, "sigma": self.sigma(i), "num_inference_steps": self.num_steps}
         with model.cache_context("cond", **context):

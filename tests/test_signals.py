@@ -130,3 +130,36 @@ def test_relative_l1_is_a_per_item_ratio_averaged_over_the_batch():
     current = previous + torch.stack([torch.full((2, 3), 0.5), torch.full((2, 3), 1.0)])
     assert relative_l1(current, previous) == pytest.approx((0.5 / 1 + 1.0 / 10) / 2)
     assert relative_l1(torch.ones(1, 4), torch.zeros(1, 4)) > 1e6  # a zero previous signal: huge, not negative
+
+
+def test_official_signal_follows_a_weight_change_after_the_memo(wan21_pipe):
+    """The time modulation is memoised per timestep; writing or replacing a weight it reads must not serve stale values."""
+    transformer = wan21_pipe.transformer
+    x, t = torch.randn(1, 4, 3, 4, 8), torch.tensor(637.0)
+
+    def fresh():  # block 0's input as the transformer computes it, no memo involved
+        captured = {}
+        handle = transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: captured.setdefault("u", args[0]))
+        with torch.no_grad():
+            transformer(x, t.expand(1), torch.randn(1, 8, 16), return_dict=False)
+        handle.remove()
+        return captured["u"].reshape(1, 3, 2, 4, 32)
+
+    first = official_signal_input(transformer, x, t)
+    assert torch.equal(official_signal_input(transformer, x, t), first)  # a memo hit gives the same tensor values
+    with torch.no_grad():
+        transformer.blocks[0].scale_shift_table.add_(0.5)  # in place
+    assert torch.allclose(official_signal_input(transformer, x, t), fresh(), atol=1e-5)
+    linear = transformer.condition_embedder.time_proj
+    linear.weight = torch.nn.Parameter(linear.weight.detach() * 2)  # replaced
+    changed = official_signal_input(transformer, x, t)
+    assert torch.allclose(changed, fresh(), atol=1e-5)
+    assert not torch.allclose(changed, first, atol=1e-3)
+    assert torch.allclose(official_signal_input(transformer, x, torch.tensor(200.0)).reshape(1, -1),
+                          official_signal_input(transformer, x, torch.tensor(200.0)).reshape(1, -1))
+
+
+def test_sea_filter_applies_each_axis_once_in_any_order():
+    x = torch.randn(1, 3, 4, 6, 8, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(sea_filter(x, 0.4, (4, 2, 3)), sea_filter(x, 0.4, (2, 3, -1)), atol=1e-6)
+    assert torch.allclose(sea_filter(x, 0.4, (2, 3, 4)).double(), reference_filter(x, 0.4, (2, 3, 4)), rtol=1e-4, atol=1e-5)
