@@ -27,6 +27,9 @@ the scheduler's own per-step inference time, and a learned scheduler's K for a
 target counts that time (`scheduler_cost_s`, measured once per method); the per-video
 threshold search of `seacache-exact` (its replays) is not counted: it is an
 oracle-style baseline for quality at equal K, not a deployable method.
+`--ray` runs the episodes on `--workers` Ray actors (see scripts/collect.py), grouped by
+(target, prompt) so that each group's stock run is timed on the machine that runs its
+episodes; open loop only (not with --feedback).
 """
 
 from __future__ import annotations
@@ -42,60 +45,16 @@ import numpy as np
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env import policies
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
+from morca_env.data import needs_gpu
+from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, load_method, make_envs,  # noqa: F401
+                                  run_episode, scheduler_step_cost)
+from morca_env.executors import WorkerFailed, add_ray_arguments, executor_from_args
 from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map
-from morca_env.rollout import rollout
 from morca_env.video import side_by_side, write_video
 from morca_env.threads import configure_threads
 from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
-
-def load_method(name: str, spec: str | None, env, free_env, threshold_map=None):
-    """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
-    `<label>=<checkpoint>` loads a learned scheduler (`.pt`: REINFORCE, else a d3rlpy MORCA policy)."""
-    if name in policies.SCHEDULERS or name in policies.ALIASES:
-        kind = name
-    elif name.startswith(("morca", "reinforce")):
-        if spec is None:
-            raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
-        kind = "reinforce" if spec.endswith(".pt") else "morca"
-    else:
-        raise SystemExit(f"unknown method {name!r}: a scheduler name ({', '.join(sorted(policies.SCHEDULERS))}) "
-                         "or morca-*=<.d3> / reinforce=<.pt>")
-    kwargs = {"path": spec} if spec is not None else {}
-    if kind == "seacache-global" and threshold_map is not None:
-        kwargs["threshold_map"] = threshold_map
-    if kind in policies.SEEDED:
-        kwargs["seed"] = 0
-    policy = policies.make(kind, env, **kwargs)
-    return policy, (env if policies.needs_exact_budget(policy) else free_env)
-
-
-def run_episode(env, policy, options):
-    """-> (final info, seconds in the policy's per-step calls, seconds in its per-episode setup)."""
-    trajectory = rollout(env, policy, options)
-    return trajectory.info, trajectory.policy_seconds, trajectory.setup_seconds
-
-
-def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
-    """Seconds per step of a policy inside a real episode (K = 0, after a warm-up episode): learned
-    schedulers cost ~1 ms per step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map
-    must count it. Timed in the loop (a repeated call runs with warmer caches), on a second episode
-    (the first call of a d3rlpy model is slow)."""
-    for _ in range(2):
-        _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
-    return policy_time / env.unwrapped.num_steps
-
-
-def timed_episode(env, policy, options, repeats: int):
-    """-> (info of the first run, latency, policy seconds, setup seconds): the episode is run `repeats`
-    times and its latency (env latency + the policy's per-step time) is the fastest run's; quality
-    metrics come from the first run (the same schedule for deterministic policies, the same K for all)."""
-    runs = [run_episode(env, policy, options) for _ in range(repeats)]
-    (info, policy_time, setup_time), best = runs[0], min(r[0]["latency_s"] + r[1] for r in runs)
-    return info, best, policy_time, setup_time
-
 
 def governor_for(method_env, target: float, scheduler_cost_s: float) -> SpeedupGovernor:
     """A governor whose requests stay inside the range the method's env accepts: a learned scheduler's
@@ -255,6 +214,30 @@ def plot_schedules(out: Path, schedules: dict[str, list[int]], title: str):
     plt.close(fig)
 
 
+def run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record) -> None:
+    """The pending episodes, grouped by (target, prompt), on Ray actors (`GroupEvaluator`); each group's rows are
+    written as it returns, so a killed run resumes where it stopped. Each actor times its own stock runs."""
+    groups: dict[tuple, list[str]] = {}
+    for target, index, name in todo:
+        groups.setdefault((target, index), []).append(name)
+    items = [(target, index, names) for (target, index), names in groups.items()]
+    factory_args = (args.env, env.unwrapped.suite, {"lpips": args.lpips, **args.env_kwargs}, methods, pairs, cost,
+                    k_cost, args.timing_repeats, env.unwrapped.calibration if args.calibrate else None, threshold_map)
+    bar = tqdm(total=len(todo), desc=f"evaluate on Ray ({args.workers} workers)", unit="episode")
+    try:
+        gpus = 1 if needs_gpu(args.env, args.env_kwargs) else 0  # a Wan env's actor holds one GPU
+        for _, group_rows in executor.map_unordered(GroupEvaluator, factory_args, items, workers=args.workers,
+                                                    threads=args.threads, gpus=gpus):
+            for row in group_rows:
+                record(row)
+            bar.update(len(group_rows))
+    except WorkerFailed as error:
+        raise SystemExit(f"{error}; the episodes returned so far are in {args.out / 'episodes.jsonl'}: rerun the "
+                         "same command to finish") from None
+    finally:
+        bar.close()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
@@ -284,22 +267,27 @@ def main(argv=None) -> int:
     p.add_argument("--same-k", action="store_true",
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
+    p.add_argument("--workers", type=positive_int, default=2,
+                   help="Ray actors with --ray (each its own envs; the local loop runs one episode at a time)")
+    add_ray_arguments(p)
     args = p.parse_args(argv)
     if args.feedback and args.same_k:
         p.error("--feedback and --same-k exclude each other: per-method feedback would give each method its own K")
-    args.threads = configure_threads(args.threads)
+    if args.ray and args.feedback:
+        p.error("--feedback needs the episodes in order on one machine (each governor learns from the previous "
+                "episodes' speedups); drop --feedback to run on Ray")
+    executor = executor_from_args(p, args)
+    args.threads = configure_threads(args.threads, workers=args.workers if args.ray else 1)
     args.out.mkdir(parents=True, exist_ok=True)
     kwargs = {"lpips": args.lpips, **args.env_kwargs}
     preset = morca_env.models.presets.PRESETS[gym.spec(args.env).kwargs["model"]]
     args.targets = args.targets or list(preset.eval_targets)
-    env = gym.make(args.env, budget=0, prompts=args.suite or preset.eval_suite, **kwargs)
-    free_env = gym.make(args.env, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
-                        prompts=env.unwrapped.suite, **{k: v for k, v in kwargs.items() if k != "model_id"})
+    env, free_env = make_envs(args.env, args.suite or preset.eval_suite, kwargs)
     threshold_map = None
     if args.calibrate:
         threshold_map = use_fresh_calibration(args, env.unwrapped, free_env.unwrapped)
     methods = parse_methods(args.methods)
-    loaded = {name: load_method(name, spec, env, free_env, threshold_map) for name, spec in methods}
+    loaded = Methods(methods, env, free_env, threshold_map)
     pairs = env.unwrapped.suite.pairs()[args.skip_prompts: args.skip_prompts + args.prompts]
     if not pairs:
         raise SystemExit(f"--skip-prompts {args.skip_prompts} leaves no prompts: the suite has "
@@ -320,31 +308,27 @@ def main(argv=None) -> int:
                                                            row["latency_s"])
     stock = {}  # (target, prompt index) -> no-cache latency timed next to that group's episodes
     with open(log, "a") as f:
-        for target, index, name in tqdm(todo, desc="evaluate", unit="episode"):
-            policy, method_env = loaded[name]
+        def record(row):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            rows.append(row)
+
+        if executor is not None:
+            run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record)
+        for target, index, name in ([] if executor is not None else tqdm(todo, desc="evaluate", unit="episode")):
+            policy, method_env = loaded.for_episode(name, target, index)
             prompt, seed = pairs[index]
             if (target, index) not in stock:
                 stock[target, index] = fastest(lambda: stock_seconds(env.unwrapped, prompt, seed),
                                                args.timing_repeats)
             governor = governors.get((name, target))
             requested = governor.request() if governor else target
-            info, latency, policy_time, setup_time = timed_episode(method_env, policy, {
-                "prompt": prompt, "seed": seed, "speedup": requested, "scheduler_cost_s": k_cost[name]},
-                args.timing_repeats)
+            row = evaluate_episode(name, policy, method_env, target, index, pairs[index], requested=requested,
+                                   stock_s=stock[target, index], scheduler_cost_s=cost[name], k_cost_s=k_cost[name],
+                                   timing_repeats=args.timing_repeats)
             if governor:
-                governor.record(requested, stock[target, index], latency)
-            row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
-                   "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
-                   "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
-                   "stock_latency_s": stock[target, index], "scheduler_cost_s": cost[name],
-                   "speedup": stock[target, index] / latency, "timing_repeats": args.timing_repeats,
-                   "requested_speedup": requested,
-                   "schedule": info["schedule"]}
-            if "lpips" in info:
-                row["lpips"] = info["lpips"]
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            rows.append(row)
+                governor.record(requested, row["stock_latency_s"], row["latency_s"])
+            record(row)
     for index in range(min(args.videos, len(pairs))):  # side-by-side videos at the middle target
         if (args.out / f"video_{index:03d}.mp4").exists():
             continue

@@ -165,3 +165,44 @@ def test_schedule_search_on_ray_finds_the_local_schedules(ray_runtime, tmp_path)
                          workers=2, progress=False, executor=RayExecutor())
     assert on_ray == local
     assert sorted(p.name for p in (tmp_path / "ray").glob("*.json")) == ["a.json", "b.json"]  # written by the driver
+
+
+def _evaluate_main():
+    spec = importlib.util.spec_from_file_location("evaluate_script", ROOT / "scripts" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+EVAL_ARGS = ["--env", "MorcaTinyRandom-v0", "--prompts", "2", "--targets", "1.5", "2", "--videos", "0",
+             "--methods", "uniform", "random", "seacache-exact", "--baselines", "uniform", "--threads", "1"]
+
+
+@pytest.mark.slow
+@needs_ray
+def test_evaluation_on_ray_gives_the_local_rows(ray_runtime, tmp_path):
+    """Same methods, prompts and targets: the same K, schedules and PSNR on Ray actors as in the local loop."""
+    env_kwargs = ('{"num_inference_steps": 10, "latent_features": false, "reference_cache_dir": "%s"}'
+                  % (tmp_path / "refs"))
+    main = _evaluate_main()
+    assert main([*EVAL_ARGS, "--env-kwargs", env_kwargs, "--out", str(tmp_path / "local")]) == 0
+    assert main([*EVAL_ARGS, "--env-kwargs", env_kwargs, "--out", str(tmp_path / "ray"), "--ray",
+                 "--workers", "2"]) == 0
+
+    def rows(out):
+        lines = (out / "episodes.jsonl").read_text().splitlines()
+        keep = ("method", "target", "prompt_index", "prompt", "seed", "num_reuse", "psnr", "ssim", "schedule",
+                "requested_speedup")
+        return sorted(({k: r[k] for k in keep} for r in map(__import__("json").loads, lines)),
+                      key=lambda r: (r["target"], r["prompt_index"], r["method"]))
+
+    local, on_ray = rows(tmp_path / "local"), rows(tmp_path / "ray")
+    assert len(local) == 2 * 2 * 3 and on_ray == local
+    assert (tmp_path / "ray" / "table.md").exists()
+
+
+def test_evaluate_refuses_feedback_on_ray():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--ray", "--feedback"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert out.returncode == 2 and "--feedback needs the episodes in order on one machine" in out.stderr, \
+        out.stderr[-2000:]

@@ -1,0 +1,139 @@
+"""The evaluation's episodes: loading a method, timing its episode next to a stock run, one result row.
+
+`scripts/evaluate.py` runs these in a loop on this machine (with speedup feedback if
+asked) or hands groups of them to Ray actors (`GroupEvaluator`, `--ray`); the rows are
+the same either way, and the driver alone writes them to `episodes.jsonl`.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from . import policies
+from .calibrate import fastest, stock_seconds
+from .rollout import rollout
+
+
+def make_envs(env_id: str, suite, env_kwargs: dict):
+    """(env, free_env) on one pipeline: exact-budget schedulers run in `env`, rules that spend their own K in
+    `free_env` (no budget enforced)."""
+    env = gym.make(env_id, budget=0, prompts=suite, **env_kwargs)
+    free_env = gym.make(env_id, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
+                        prompts=env.unwrapped.suite, **{k: v for k, v in env_kwargs.items() if k != "model_id"})
+    return env, free_env
+
+
+def load_method(name: str, spec: str | None, env, free_env, threshold_map=None, seed: int = 0):
+    """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
+    `<label>=<checkpoint>` loads a learned scheduler (`.pt`: REINFORCE, else a d3rlpy MORCA policy).
+    Randomised schedulers (`policies.SEEDED`) are seeded with `seed`."""
+    if name in policies.SCHEDULERS or name in policies.ALIASES:
+        kind = name
+    elif name.startswith(("morca", "reinforce")):
+        if spec is None:
+            raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
+        kind = "reinforce" if spec.endswith(".pt") else "morca"
+    else:
+        raise SystemExit(f"unknown method {name!r}: a scheduler name ({', '.join(sorted(policies.SCHEDULERS))}) "
+                         "or morca-*=<.d3> / reinforce=<.pt>")
+    kwargs = {"path": spec} if spec is not None else {}
+    if kind == "seacache-global" and threshold_map is not None:
+        kwargs["threshold_map"] = threshold_map
+    if kind in policies.SEEDED:
+        kwargs["seed"] = seed
+    policy = policies.make(kind, env, **kwargs)
+    return policy, (env if policies.needs_exact_budget(policy) else free_env)
+
+
+class Methods:
+    """The evaluated methods on one pair of envs. A randomised method is drawn afresh for every episode from a
+    seed of (prompt index, target), so its schedules do not depend on the order the episodes run in (a
+    resumed run, Ray actors)."""
+
+    def __init__(self, methods: list, env, free_env, threshold_map=None):
+        self.specs = dict(methods)
+        self.env, self.free_env, self.threshold_map = env, free_env, threshold_map
+        self.loaded = {name: load_method(name, spec, env, free_env, threshold_map) for name, spec in methods}
+
+    def __getitem__(self, name: str):
+        return self.loaded[name]
+
+    def values(self):
+        return self.loaded.values()
+
+    def for_episode(self, name: str, target: float, index: int):
+        """(policy, env) for the episode of prompt `index` at `target`."""
+        kind = policies.ALIASES.get(name, name)
+        if kind not in policies.SEEDED:
+            return self.loaded[name]
+        seed = int(np.random.SeedSequence([index, round(1000 * target)]).generate_state(1)[0])
+        return load_method(name, self.specs[name], self.env, self.free_env, self.threshold_map, seed=seed)
+
+
+def run_episode(env, policy, options):
+    """-> (final info, seconds in the policy's per-step calls, seconds in its per-episode setup)."""
+    trajectory = rollout(env, policy, options)
+    return trajectory.info, trajectory.policy_seconds, trajectory.setup_seconds
+
+
+def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
+    """Seconds per step of a policy inside a real episode (K = 0, after a warm-up episode): learned
+    schedulers cost ~1 ms per step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map
+    must count it. Timed in the loop (a repeated call runs with warmer caches), on a second episode
+    (the first call of a d3rlpy model is slow)."""
+    for _ in range(2):
+        _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
+    return policy_time / env.unwrapped.num_steps
+
+
+def timed_episode(env, policy, options, repeats: int):
+    """-> (info of the first run, latency, policy seconds, setup seconds): the episode is run `repeats`
+    times and its latency (env latency + the policy's per-step time) is the fastest run's; quality
+    metrics come from the first run (the same schedule for deterministic policies, the same K for all)."""
+    runs = [run_episode(env, policy, options) for _ in range(repeats)]
+    (info, policy_time, setup_time), best = runs[0], min(r[0]["latency_s"] + r[1] for r in runs)
+    return info, best, policy_time, setup_time
+
+
+def evaluate_episode(name: str, policy, method_env, target: float, index: int, pair: tuple, *, requested: float,
+                     stock_s: float, scheduler_cost_s: float, k_cost_s: float, timing_repeats: int) -> dict:
+    """Run one method's episode for (target, prompt `index`) and return its row of `episodes.jsonl`."""
+    prompt, seed = pair
+    info, latency, policy_time, setup_time = timed_episode(method_env, policy, {
+        "prompt": prompt, "seed": seed, "speedup": requested, "scheduler_cost_s": k_cost_s}, timing_repeats)
+    row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
+           "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
+           "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
+           "stock_latency_s": stock_s, "scheduler_cost_s": scheduler_cost_s,
+           "speedup": stock_s / latency, "timing_repeats": timing_repeats,
+           "requested_speedup": requested, "schedule": info["schedule"]}
+    if "lpips" in info:
+        row["lpips"] = info["lpips"]
+    return row
+
+
+class GroupEvaluator:
+    """One Ray actor's evaluation: its own envs and methods; per item (target, prompt index, method names) it
+    times one stock generation and runs those methods' episodes at the target (open loop), returning the rows.
+
+    `cost` / `k_cost` (seconds per step per method) are measured once by the driver, so every actor
+    converts targets to K alike; `calibration` / `threshold_map`, when given, replace the installed ones.
+    """
+
+    def __init__(self, env_id: str, suite, env_kwargs: dict, methods: list, pairs: list, cost: dict, k_cost: dict,
+                 timing_repeats: int, calibration=None, threshold_map=None):
+        self.env, free_env = make_envs(env_id, suite, env_kwargs)
+        if calibration is not None:
+            self.env.unwrapped.calibration = free_env.unwrapped.calibration = calibration
+        self.methods = Methods(methods, self.env, free_env, threshold_map)
+        self.pairs, self.cost, self.k_cost, self.timing_repeats = pairs, cost, k_cost, timing_repeats
+
+    def __call__(self, item) -> list[dict]:
+        target, index, names = item
+        prompt, seed = self.pairs[index]
+        stock_s = fastest(lambda: stock_seconds(self.env.unwrapped, prompt, seed), self.timing_repeats)
+        return [evaluate_episode(name, *self.methods.for_episode(name, target, index), target, index,
+                                 self.pairs[index], requested=target,
+                                 stock_s=stock_s, scheduler_cost_s=self.cost[name], k_cost_s=self.k_cost[name],
+                                 timing_repeats=self.timing_repeats) for name in names]
