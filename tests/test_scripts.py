@@ -99,7 +99,8 @@ def test_feedback_requests_stay_inside_a_learned_schedulers_narrower_range(tmp_p
     governor = governor_for(env, 1.5, 0.002)  # 2 ms per step of scheduler inference
     hi = governor.speedup_range[1]
     assert hi < rule_hi
-    governor.record(1.5, stock_s=1.0, episode_s=1.0)  # the machine gave 1x for a 1.5x request
+    governor.record(1.5, stock_s=1.0, episode_s=3.0)  # the machine gave 0.33x for a 1.5x request
+    assert 1.5 * 1.5 / (1 / 3.0) > hi  # the uncorrected request would leave the range
     assert governor.request() == hi  # clipped where the env would otherwise reject the request
     env.unwrapped.reset(options={"speedup": governor.request(), "scheduler_cost_s": 0.002})
 
