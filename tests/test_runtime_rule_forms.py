@@ -6,7 +6,7 @@ import pytest
 
 from tests import rule_forms
 
-RUNTIME_RULES = ("first-block-cache", "easycache", "dicache", "acid")
+RUNTIME_RULES = ("first-block-cache", "easycache", "dicache", "acid", "sencache")
 
 
 @pytest.fixture

@@ -91,6 +91,10 @@ class OutputSignal:
     def input(self, step: int) -> torch.Tensor:
         return self.view.step_input(step)[1]
 
+    def timestep(self, step: int) -> float:
+        """The step's timestep / 1000 (Wan's scheduler counts 1000 training timesteps)."""
+        return float(self.view.step_input(step)[2].reshape(-1)[0]) / 1000.0
+
     def output(self, step: int) -> torch.Tensor:
         output = self.view.cache(step).model_output(self.branch)
         if output is None:
@@ -101,13 +105,17 @@ class OutputSignal:
 
 class TraceSignal:
     """A hand-written (or recorded) signal for unit tests and parity checks: `values` per step (probe, observed),
-    or `inputs` and `outputs` per step (input, output)."""
+    or `inputs` and `outputs` per step (input, output), and `timesteps` (timestep / 1000) per step."""
 
-    def __init__(self, values=None, inputs=None, outputs=None):
+    def __init__(self, values=None, inputs=None, outputs=None, timesteps=None):
         def tensors(seq):
             return None if seq is None else [torch.as_tensor(v, dtype=torch.float32) for v in seq]
 
         self.values, self.inputs, self.outputs = tensors(values), tensors(inputs), tensors(outputs)
+        self.timesteps = None if timesteps is None else [float(t) for t in timesteps]
+
+    def timestep(self, step: int) -> float:
+        return self.timesteps[step]
 
     def probe(self, step: int) -> torch.Tensor:
         return self.values[step]
