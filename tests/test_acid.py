@@ -40,10 +40,30 @@ def test_wraps_first_block_cache_keeping_its_strictness():
 
 
 def test_bad_settings_say_what_is_valid():
-    with pytest.raises(ValueError, match="rule='teacache'; valid: dicache, easycache, first-block-cache"):
+    with pytest.raises(ValueError, match="rule='teacache'; valid: dicache, easycache, first-block-cache, sencache"):
         policies.make("acid", rule="teacache")
     with pytest.raises(ValueError, match=r"ratio=0 must be a number in \(0, 1\]"):
         Acid(DiCache(), ratio=0)
     with pytest.raises(ValueError, match="kappa=-1 must be a number > 0"):
         Acid(DiCache(), kappa=-1)
     assert policies.make("acid", rule="easycache", rule_options={"warmup": 0.1}).rule.inner.warmup == 0.1
+
+
+def test_acid_wraps_sencache_through_its_predicted_error():
+    """SenCache's gate exposes its predicted error as the drift ACID reads."""
+    from morca_env.rules import forms, runtime
+    from morca_env.rules.sencache import SenCache
+
+    assert policies.make("acid", rule="sencache").rule.inner.name == "sencache"
+    inputs = [10, 9, 8.8, 8.1, 8.0, 7.9, 7.8, 7.7]
+    signal = runtime.TraceSignal(inputs=[[x] for x in inputs], timesteps=[0.5] * 8,
+                                 outputs=[[1.0 + i] for i in range(8)])
+
+    def schedule(rule):
+        rule.prepare(forms.RunContext(8, frozenset(), ("cond", "uncond")))
+        return forms.simulate(rule.gates(0.6, [signal]), 8, frozenset())
+
+    # steps 0, 1 computed: S_x = 1 (dv 1 for dx 1). Error from step 1 (o = 2): step 2 .1 -> reuse; step 3 .45:
+    # below SenCache's .6, but it grew 350% (> kappa .5): critical, ACID's low threshold .3 -> compute
+    assert schedule(SenCache(0.25))[:4] == [0, 0, 1, 1]
+    assert schedule(Acid(SenCache(0.25), ratio=0.5, kappa=0.5))[:4] == [0, 0, 1, 0]

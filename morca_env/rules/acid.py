@@ -19,11 +19,12 @@ Wraps the run-time rules (`rule=`: "dicache" by default, "easycache", "first-blo
 
 from __future__ import annotations
 
-from . import dicache, easycache, first_block_cache, forms, runtime
+from . import dicache, easycache, first_block_cache, forms, runtime, sencache
 
 RULES = {"dicache": (dicache.DiCache, dicache.DEFAULT_THRESHOLD),
          "easycache": (easycache.EasyCache, easycache.DEFAULT_THRESHOLD),
-         "first-block-cache": (first_block_cache.FirstBlockCache, first_block_cache.DEFAULT_THRESHOLD)}
+         "first-block-cache": (first_block_cache.FirstBlockCache, first_block_cache.DEFAULT_THRESHOLD),
+         "sencache": (sencache.SenCache, sencache.DEFAULT_THRESHOLD)}
 
 
 class AcidGate:
