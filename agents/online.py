@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
 from .training import (CheckpointDir, episode_from_trajectory, make_buffer, observation_shapes, run_updates,
                        steps_per_epoch)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -134,7 +137,8 @@ class OnlineTrainer:
         self.rng = np.random.default_rng([self.config.seed, self.start_round])
         for index in range(self.start_round):
             self.online_episodes += self._load_round_episodes(index)
-        print(f"resumed online fine-tuning after round {self.start_round} ({len(self.online_episodes)} online episodes)")
+        log.info("resumed online fine-tuning after round %d (%d online episodes)", self.start_round,
+                 len(self.online_episodes))
 
     # ------------------------------------------------------------ the loop
     def collect(self, count: int) -> tuple[list, list[dict]]:  # pragma: no mutate block (data collection, not learning)
@@ -174,8 +178,8 @@ class OnlineTrainer:
             writer.add_scalar("online/rollout_psnr", psnr, index + 1)
             self.checkpoints.save(self.algo, index, {"history": self.history})
             if self.progress:
-                print(f"round {index + 1}/{config.rounds}: rollout PSNR {psnr:.2f} dB, "
-                      f"{buffer.transition_count} transitions, {record['seconds']:.0f} s")
+                log.info("round %d/%d: rollout PSNR %.2f dB, %d transitions, %.0f s", index + 1, config.rounds, psnr,
+                         buffer.transition_count, record["seconds"])
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
         final = self.run_dir / "final.d3"

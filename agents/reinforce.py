@@ -10,6 +10,7 @@ terminal PSNR reward and b an exponential moving average of past returns.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from .checkpoint import load_torch, save_torch
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
 from morca_env.rollout import rollout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Reinforce:
         self.optimizer.load_state_dict(state["optimizer"])
         self.baseline, self.episodes_done, self.history = state["baseline"], state["episodes_done"], state["history"]
         self.rng = np.random.default_rng([self.config.seed, self.episodes_done])
-        print(f"resumed REINFORCE after {self.episodes_done} episodes")
+        log.info("resumed REINFORCE after %d episodes", self.episodes_done)
 
     def save(self, path: Path | None = None) -> Path:  # pragma: no mutate block (I/O, not learning)
         path = path or self.checkpoint_path

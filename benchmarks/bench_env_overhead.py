@@ -41,6 +41,7 @@ from morca_env.policies import UniformInterval
 from morca_env.rollout import rollout
 from morca_env.signals import StepDistanceTracker
 from morca_env.threads import configure_threads
+from morca_env.cli import show_library_messages
 
 TARGETS = (2.0, 2.5, 3.0)
 PARTS = ("signal input", "SEA distance", "latent features", "feature stacking")
@@ -109,6 +110,7 @@ class TimedObserver:
 
 
 def main() -> None:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--timing-repeats", type=int, default=3)

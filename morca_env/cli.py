@@ -1,9 +1,29 @@
-"""argparse types for the scripts: a bad value is a usage error naming the value and what is valid."""
+"""What the scripts share: argparse types (a bad value is a usage error naming the value and what is valid),
+and where the library's messages go."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
+
+_LIBRARY_LOGGERS = ("morca_env", "agents")
+
+
+def show_library_messages(level: int = logging.INFO) -> None:
+    """Print the package's progress messages (`logging` under `morca_env` and `agents`) on stdout, message only.
+
+    The library logs and never prints; a script decides where that goes. Idempotent.
+    """
+    for name in _LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(getattr(handler, "_morca_script", False) for handler in logger.handlers):
+            handler = logging.StreamHandler(sys.stdout)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler._morca_script = True
+            logger.addHandler(handler)
 
 
 def _integer_at_least(text: str, minimum: int, name: str) -> int:

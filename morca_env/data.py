@@ -19,6 +19,7 @@ they run: local processes, or Ray actors (`executor=RayExecutor(...)`, see
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -37,6 +38,8 @@ from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 from .policies import ALIASES, SCHEDULERS
 from .quiet import quiet_d3rlpy
+
+log = logging.getLogger(__name__)
 
 BEHAVIORS = tuple(sorted(SCHEDULERS) + sorted(ALIASES))  # any scheduler of the registry
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
@@ -434,8 +437,8 @@ def collect_dataset(
                      executor)
     elapsed = time.perf_counter() - t0
     if todo and progress:
-        print(f"collected {len(todo)} episodes in {elapsed:.1f} s: {60 * len(todo) / elapsed:.1f} episodes/min "
-              f"({workers} worker{'s' if workers > 1 else ''}{' on Ray' if executor is not None else ''})")
+        log.info("collected %d episodes in %.1f s: %.1f episodes/min (%d worker%s%s)", len(todo), elapsed,
+                 60 * len(todo) / elapsed, workers, "s" if workers > 1 else "", " on Ray" if executor is not None else "")
     return build_minari_dataset(recipe, staging, overwrite=overwrite)
 
 

@@ -79,5 +79,5 @@ def configure_threads(requested: int | None = None, workers: int = 1, quiet: boo
     threads, why = choose_threads(requested, workers)
     torch.set_num_threads(threads)
     if not quiet:
-        print(why, flush=True)
+        log.info(why)
     return threads

@@ -34,7 +34,7 @@ from morca_env.calibrate import measure_calibration
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
-from morca_env.cli import json_dict, nonnegative_int, positive_int
+from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages
 
 
 def parse_args(argv=None):
@@ -90,6 +90,7 @@ def calibrate_thresholds(args, kwargs) -> int:
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     args = parse_args(argv)
     args.threads = configure_threads(args.threads)
     kwargs = {"lpips": False, **args.env_kwargs}

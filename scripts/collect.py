@@ -21,7 +21,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from morca_env.cli import json_dict, positive_int
+from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.data import CollectionRecipe, collect_dataset
 from morca_env.executors import add_ray_arguments, executor_from_args
 
@@ -35,6 +35,7 @@ def recipe_file(text: str) -> Path:
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", type=recipe_file, help="a JSON recipe from datasets/")
     p.add_argument("--episodes", type=positive_int, help="override the recipe's episode count")

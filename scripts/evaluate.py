@@ -54,7 +54,7 @@ from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map
 from morca_env.video import side_by_side, write_video
 from morca_env.threads import configure_threads
-from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
+from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup
 
 def governor_for(method_env, target: float, scheduler_cost_s: float) -> SpeedupGovernor:
     """A governor whose requests stay inside the range the method's env accepts: a learned scheduler's
@@ -239,6 +239,7 @@ def run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={})

@@ -26,7 +26,7 @@ import minari
 import morca_env  # noqa: F401
 from agents.checkpoint import load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
-from morca_env.cli import json_dict, positive_int
+from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -68,6 +68,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     args = parse_args(argv)
     if not args.from_scratch and args.offline is None:
         raise SystemExit("pass --offline <checkpoint.d3> (and --dataset), or --from-scratch")

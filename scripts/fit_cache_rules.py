@@ -24,7 +24,7 @@ from pathlib import Path
 import gymnasium as gym
 
 import morca_env  # noqa: F401
-from morca_env.cli import json_dict, positive_int
+from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
 from morca_env.prompts import get_suite
@@ -35,6 +35,7 @@ RULES = ("magcache", "teacache")
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments")

@@ -24,7 +24,7 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.cli import json_dict, nonnegative_int, positive_int, speedup
+from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup
 from morca_env.executors import add_ray_arguments, executor_from_args
 
 
@@ -34,6 +34,7 @@ def task_name(prompt: str, seed: int, budget: int) -> str:
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")

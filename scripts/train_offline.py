@@ -27,7 +27,7 @@ from agents.checkpoint import load_learnable, save_learnable
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
 from agents.training import CheckpointDir, run_updates, steps_per_epoch
-from morca_env.cli import positive_int
+from morca_env.cli import positive_int, show_library_messages
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -58,6 +58,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     args = parse_args(argv)
     configure_threads(args.threads)
     stored = args.run_dir / "args.json"

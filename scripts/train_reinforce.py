@@ -16,12 +16,13 @@ from pathlib import Path
 import gymnasium as gym
 
 import morca_env  # noqa: F401
-from morca_env.cli import json_dict, positive_int
+from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.threads import configure_threads
 from agents.reinforce import Reinforce, ReinforceConfig
 
 
 def main(argv=None) -> int:
+    show_library_messages()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={})
