@@ -105,6 +105,7 @@ def test_denoisers_sharing_a_pipeline_cannot_interleave(wan21_pipe):
     assert wan21_pipe.transformer.blocks[0]._diffusers_hook.hooks  # still used by `second`
     second.close()
     assert not wan21_pipe.transformer.blocks[0]._diffusers_hook.hooks
+    assert not hasattr(wan21_pipe.transformer, "_morca_residual_cache")  # no stale cache (and its residuals) kept
 
 
 def test_experts_have_separate_caches(wan22_pipe):
@@ -223,6 +224,8 @@ def test_hooks_pass_through_outside_a_cache_context_and_accept_keyword_calls(wan
         cache = ResidualCache(transformer)
         cache.reuse = True  # ignored outside a context
         hooked = [block(h, ehs, temb, rope) for block in transformer.blocks]
+        keywords = [block(hidden_states=h, encoder_hidden_states=ehs, temb=temb, rotary_emb=rope)
+                    for block in transformer.blocks]
         with transformer.cache_context("cond"):
             cache.reuse = False
             x = h
@@ -235,6 +238,7 @@ def test_hooks_pass_through_outside_a_cache_context_and_accept_keyword_calls(wan
                 y = block(hidden_states=y, encoder_hidden_states=ehs, temb=temb, rotary_emb=rope)
     cache.remove()
     assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+    assert all(torch.equal(a, b) for a, b in zip(plain, keywords))
     assert torch.allclose(y, h2 + (x - h), atol=1e-6)
 
 
@@ -277,3 +281,125 @@ def test_bf16_model_keeps_a_float32_residual_and_returns_its_own_dtype(wan21_pip
     cache.remove()
     assert residual.dtype == torch.float32 and torch.equal(residual, x.float() - h.float())
     assert y.dtype == torch.bfloat16 and torch.equal(y, (h.float() + residual).to(torch.bfloat16))
+
+
+def test_a_transformer_without_blocks_is_refused():
+    with pytest.raises(ValueError, match="no non-empty `blocks`"):
+        ResidualCache(torch.nn.Linear(2, 2))
+    empty = torch.nn.Module()
+    empty.blocks = torch.nn.ModuleList()
+    with pytest.raises(ValueError, match="no non-empty `blocks`"):
+        ResidualCache(empty)
+
+
+def test_a_single_block_transformer_caches_in_its_leader(wan21_pipe):
+    """With one block the leader is also the tail: it stores the residual a reuse adds."""
+    transformer = wan21_pipe.transformer
+    transformer.blocks = torch.nn.ModuleList([transformer.blocks[0]])
+    h, ehs, temb, rope = block_inputs(transformer)
+    cache = ResidualCache(transformer)
+    with torch.no_grad(), transformer.cache_context("cond"):
+        out = transformer.blocks[0](h, ehs, temb, rope)
+        assert cache.is_valid(("cond",))
+        cache.reuse = True
+        reused = transformer.blocks[0](h + 1.0, ehs, temb, rope)
+    cache.remove()
+    assert torch.allclose(reused, h + 1.0 + (out - h), atol=1e-6)
+
+
+def test_keep_head_records_block0_arguments_input_and_output_per_branch(wan21_pipe):
+    """The block-0 probe's inputs: block 0's call arguments (latest call, reused ones too) and its
+    (input, output) at the branch's latest computed call; nothing without `keep_head`."""
+    transformer = wan21_pipe.transformer
+    h, ehs, temb, rope = block_inputs(transformer)
+    with torch.no_grad():
+        plain0 = transformer.blocks[0](h, ehs, temb, rope)
+    cache = ResidualCache(transformer)
+    assert cache.head_arguments("cond") is None and cache.head_output("cond") is None
+    assert cache.head_residual("cond") is None and cache.model_output("cond") is None
+    with torch.no_grad():
+        with transformer.cache_context("uncond"):  # keep_head off: the branch's state exists, nothing kept
+            for block in transformer.blocks:
+                block(h, ehs, temb, rope)
+        assert cache.head_arguments("uncond") is None and cache.head_output("uncond") is None
+        assert cache.head_residual("uncond") is None and cache.model_output("uncond") is None
+        cache.keep_head = True
+        assert cache.keep_head is True
+        with transformer.cache_context("cond"):  # positional call
+            for block in transformer.blocks:
+                block(h, ehs, temb, rope)
+        arguments = cache.head_arguments("cond")
+        assert set(arguments) == {"encoder_hidden_states", "temb", "rotary_emb"}
+        assert arguments["encoder_hidden_states"] is ehs and arguments["temb"] is temb and arguments["rotary_emb"] is rope
+        assert torch.equal(cache.head_output("cond"), plain0)
+        assert torch.equal(cache.head_residual("cond"), plain0 - h)
+        temb2 = temb + 1.0
+        with transformer.cache_context("cond"):  # keyword call, reused: new arguments, the head stays
+            cache.reuse = True
+            transformer.blocks[0](hidden_states=h + 1.0, encoder_hidden_states=ehs, temb=temb2, rotary_emb=rope)
+            cache.reuse = False
+        arguments = cache.head_arguments("cond")
+        assert set(arguments) == {"encoder_hidden_states", "temb", "rotary_emb"} and arguments["temb"] is temb2
+        assert torch.equal(cache.head_output("cond"), plain0)
+        assert cache.head_arguments("uncond") is None  # per branch
+    cache.remove()
+
+
+def test_keep_output_records_each_branchs_computed_output(wan21_pipe):
+    transformer = wan21_pipe.transformer
+    x, t, e = torch.randn(1, 4, 3, 4, 4), torch.tensor([500.0]), prompt_embeds()[0]
+    cache = ResidualCache(transformer)
+    with torch.no_grad():
+        with transformer.cache_context("cond"):
+            transformer(x, t, e, return_dict=False)
+        assert cache.model_output("cond") is None  # keep_output off
+        cache.keep_output = True
+        assert cache.keep_output is True
+        transformer(x, t, e, return_dict=False)  # outside a context: nothing kept, no error
+        with transformer.cache_context("cond"):
+            tuple_out = transformer(x, t, e, return_dict=False)[0]
+        assert torch.equal(cache.model_output("cond"), tuple_out)
+        with transformer.cache_context("uncond"):
+            dict_out = transformer(x + 1.0, t, e, return_dict=True).sample
+            cache.reuse = True
+            reused = transformer(x - 1.0, t, e, return_dict=True).sample  # a reused call does not replace it
+            cache.reuse = False
+            assert torch.equal(cache.model_output("uncond"), dict_out) and not torch.equal(reused, dict_out)
+            bare = torch.randn(2, 3)
+            cache._observe_output(transformer, (), bare)  # a transformer returning a bare tensor
+            assert torch.equal(cache.model_output("uncond"), bare)
+        assert torch.equal(cache.model_output("cond"), tuple_out) and not torch.equal(dict_out, tuple_out)
+    cache.remove()
+
+
+def test_snapshot_and_restore_put_back_each_branchs_residual(wan21_pipe):
+    transformer = wan21_pipe.transformer
+    h, ehs, temb, rope = block_inputs(transformer)
+    cache = ResidualCache(transformer)
+    residuals = {}
+    with torch.no_grad():
+        for branch, shift in (("cond", 0.0), ("uncond", 1.0)):
+            with transformer.cache_context(branch):
+                x = h + shift
+                for block in transformer.blocks:
+                    x = block(x, ehs, temb, rope)
+            residuals[branch] = x - (h + shift)
+        snap = cache.snapshot()
+        assert snap["cached"] == frozenset({"cond", "uncond"})
+        assert set(snap["residuals"]) == {"cond", "uncond"}
+        assert all(snap["residuals"][b] is cache._states._state_cache[b].residual for b in residuals)  # references
+        cache.reset()
+        with transformer.cache_context("other"):
+            for block in transformer.blocks:
+                block(h, ehs, temb, rope)
+        cache.restore(snap)
+        assert cache.is_valid(("cond", "uncond")) and not cache.is_valid(("other",))
+        assert "other" not in cache._states._state_cache  # restore starts from a reset cache
+        cache.reuse = True
+        for branch in ("cond", "uncond"):
+            with transformer.cache_context(branch):
+                y = h - 2.0
+                for block in transformer.blocks:
+                    y = block(y, ehs, temb, rope)
+            assert torch.allclose(y, h - 2.0 + residuals[branch], atol=1e-6), branch
+    cache.remove()

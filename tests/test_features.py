@@ -37,3 +37,12 @@ def test_stack_order_current_previous_last_recompute():
 def test_rejects_batches():
     with pytest.raises(ValueError, match="batch size 1"):
         latent_features(torch.randn(2, 3, 4, 8, 8))
+
+
+def test_stack_features_returns_float32_views_without_a_second_copy():
+    # stack_features runs once per environment step: the float32 arrays are the concatenated
+    # tensors' buffers (astype(copy=False)), not another copy of them
+    a, b, c = (latent_features(torch.full((1, 2, 4, 8, 8), v)) for v in (1.0, 2.0, 3.0))
+    pooled, temporal = stack_features(a, b, c)
+    assert pooled.dtype == temporal.dtype == np.float32
+    assert not pooled.flags.owndata and not temporal.flags.owndata

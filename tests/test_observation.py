@@ -6,7 +6,8 @@ import torch
 
 from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.features import latent_features, stack_features
-from morca_env.observation import ObservationBuilder
+from morca_env.observation import (OBS_KEYS, NUM_SCALARS, ObservationBuilder, Scalar, as_flat, observation_space,
+                                   parse_action, step_of)
 from morca_env.signals import relative_l1, sea_filter
 
 N, K = 5, 2
@@ -123,3 +124,65 @@ def test_a_missing_cache_forbids_reuse_on_a_free_step(enforce_budget):
     assert builder.observe(1, xs[1], xs[1], SIGMAS[1], False)["action_mask"].tolist() == [1, 0]
     assert builder.observe(1, xs[1], xs[1], SIGMAS[1])["action_mask"].tolist() == [1, 0]
     assert builder.observe(1, xs[1], xs[1], SIGMAS[1], True)["action_mask"].tolist() == [1, 1]
+
+
+def test_observation_space_declares_every_key_shape_bound_and_dtype():
+    space = observation_space(3)
+    assert sorted(space.spaces) == sorted(["pooled", "temporal", "scalars", "action_mask"])
+    for key, shape in (("pooled", (9, 4, 8, 8)), ("temporal", (18, 8, 8))):
+        box = space[key]
+        assert box.shape == shape and box.dtype == np.float32
+        assert np.all(box.low == -np.inf) and np.all(box.high == np.inf)
+    scalars = space["scalars"]
+    assert scalars.shape == (NUM_SCALARS,) and scalars.dtype == np.float32
+    assert scalars.low.tolist() == [0.0] * NUM_SCALARS
+    assert scalars.high.tolist() == [np.inf, np.inf, 1.0, 1.0, 1.0, 1.0, 1.0]  # d_t and D_t unbounded
+    assert space["action_mask"].n == 2
+    # what the builder writes lies in it (features of a 3-channel latent)
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)), signal_kind="latent")
+    builder.reset(K)
+    x = torch.randn(1, 3, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    assert space.contains(builder.observe(0, x, x, SIGMAS[0], False))
+
+
+def test_step_of_reads_the_step_back_from_the_remaining_steps_scalar():
+    for n in (5, 7, 50):
+        for i in range(n + 1):
+            scalars = np.zeros(NUM_SCALARS, dtype=np.float32)
+            scalars[Scalar.t] = (n - i) / n
+            assert step_of({"scalars": scalars}, n) == i, (n, i)
+    xs = latents()
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)), signal_kind="latent")
+    builder.reset(K)
+    for i in range(N):
+        assert step_of(builder.observe(i, xs[i], xs[i], SIGMAS[i], i > 0), N) == i
+        builder.record(i, 0)
+    assert step_of(builder.observe(None, xs[N]), N) == N
+
+
+def test_as_flat_concatenates_each_row_in_obs_keys_order_as_float32():
+    t = 2
+    obs = {"pooled": np.arange(t * 3 * 2, dtype=np.float16).reshape(t, 3, 2),
+           "temporal": 100 + np.arange(t * 4, dtype=np.float16).reshape(t, 2, 2),
+           "scalars": 200 + np.arange(t * 3, dtype=np.float64).reshape(t, 3) / 4,
+           "action_mask": np.array([[1, 0], [1, 1]], dtype=np.int8)}
+    flat = as_flat(obs)
+    assert flat.dtype == np.float32 and flat.shape == (t, 6 + 4 + 3 + 2)
+    for row in range(t):
+        expected = np.concatenate([np.asarray(obs[k][row], dtype=np.float32).ravel() for k in OBS_KEYS])
+        np.testing.assert_array_equal(flat[row], expected)
+
+
+@pytest.mark.parametrize("action,expected", [(0, 0), (1, 1), (np.int64(1), 1), (np.int8(0), 0),
+                                             (np.array([1]), 1), (np.array([[0]]), 0), (np.array(1), 1),
+                                             (torch.tensor(1), 1), (torch.tensor([0]), 0)])
+def test_parse_action_accepts_a_single_0_or_1(action, expected):
+    value = parse_action(action)
+    assert value == expected and type(value) is int
+
+
+@pytest.mark.parametrize("action", [2, -1, 0.0, 1.0, 0.9, "1", True, False, np.bool_(True), None,
+                                    np.array([0, 1]), np.array([]), torch.tensor([0, 1]), torch.tensor(1.0)])
+def test_parse_action_rejects_anything_else(action):
+    with pytest.raises(ValueError):
+        parse_action(action)

@@ -4,7 +4,7 @@ from diffusers import SeaCacheConfig
 
 from morca_env.env import MorcaEnv
 from morca_env.policies import SeaCacheThreshold
-from morca_env.signals import StepDistanceTracker, official_signal_input, relative_l1, sea_filter
+from morca_env.signals import StepDistanceTracker, official_signal_input, relative_l1, sea_filter, seacache_reuses
 from tests.conftest import make_pipe
 
 N = 20
@@ -87,11 +87,14 @@ def test_seacache_threshold_scheduler_matches_diffusers_seacache(signal, thresho
     assert len({tuple(s) for s in expected.values()}) >= 3  # the thresholds give different schedules
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_official_signal_is_block0_modulated_input(wan21_pipe, dtype):
-    """Matches the input block 0's attention sees, on a non-square grid and for a bf16 model (float32 latents)."""
+@pytest.mark.parametrize("dtype,fp32_time_embedder", [(torch.float32, True), (torch.bfloat16, True),
+                                                      (torch.bfloat16, False)])
+def test_official_signal_is_block0_modulated_input(wan21_pipe, dtype, fp32_time_embedder):
+    """Matches the input block 0's attention sees, on a non-square grid and for a bf16 model (float32 latents),
+    with the time embedder kept in float32 (Wan's _keep_in_fp32_modules) or cast with the rest."""
     transformer = wan21_pipe.transformer.to(dtype)
-    transformer.condition_embedder.time_embedder.float()  # as Wan's _keep_in_fp32_modules loads it
+    if fp32_time_embedder:
+        transformer.condition_embedder.time_embedder.float()  # as Wan's _keep_in_fp32_modules loads it
     captured = {}
     handle = transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: captured.setdefault("u", args[0]))
     x = torch.randn(1, 4, 3, 4, 8)  # (F', H', W') = (3, 2, 4) tokens
@@ -157,6 +160,41 @@ def test_official_signal_follows_a_weight_change_after_the_memo(wan21_pipe):
     assert not torch.allclose(changed, first, atol=1e-3)
     assert torch.allclose(official_signal_input(transformer, x, torch.tensor(200.0)).reshape(1, -1),
                           official_signal_input(transformer, x, torch.tensor(200.0)).reshape(1, -1))
+    # a weight replaced by a tensor on the same storage (same address and version, other values): a
+    # transposed view of the square linear_2 weight; only the parameter's identity tells it apart
+    square = transformer.condition_embedder.time_embedder.linear_2
+    before = official_signal_input(transformer, x, t)
+    transposed = torch.nn.Parameter(square.weight.detach().t())
+    assert transposed.data_ptr() == square.weight.data_ptr() and transposed._version == square.weight._version
+    square.weight = transposed
+    assert torch.allclose(official_signal_input(transformer, x, t), fresh(), atol=1e-5)
+    assert not torch.allclose(official_signal_input(transformer, x, t), before, atol=1e-3)
+
+
+def test_official_signal_of_a_batch_is_block0_input_per_item(wan21_pipe):
+    """A batch of two (per-item timesteps, or one timestep for both) takes the unfused path: it must match
+    block 0's input for the whole batch and each item's own signal."""
+    transformer = wan21_pipe.transformer
+    g = torch.Generator().manual_seed(3)
+    x, t = torch.randn(2, 4, 3, 4, 8, generator=g), torch.tensor([637.0, 200.0])
+    captured = {}
+    handle = transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: captured.setdefault("u", args[0]))
+    with torch.no_grad():
+        transformer(x, t, torch.randn(2, 8, 16, generator=g), return_dict=False)
+    handle.remove()
+    ours = official_signal_input(transformer, x, t)
+    assert ours.shape == (2, 3, 2, 4, 32)
+    assert torch.allclose(ours.reshape(2, 24, 32), captured["u"], atol=1e-5)
+    for i in range(2):
+        assert torch.allclose(ours[i:i + 1], official_signal_input(transformer, x[i:i + 1], t[i]), atol=1e-5)
+    shared = official_signal_input(transformer, x, torch.tensor(637.0))  # one timestep for the batch
+    assert torch.allclose(shared[1:], official_signal_input(transformer, x[1:], torch.tensor(637.0)), atol=1e-5)
+    assert not torch.allclose(shared[1:], ours[1:], atol=1e-3)
+
+
+def test_seacache_reuses_only_strictly_below_the_threshold():
+    assert seacache_reuses(0.19, 0.2) and not seacache_reuses(0.2, 0.2) and not seacache_reuses(0.21, 0.2)
+    assert not seacache_reuses(0.0, 0.0)
 
 
 def test_sea_filter_applies_each_axis_once_in_any_order():

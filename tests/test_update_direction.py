@@ -195,6 +195,7 @@ def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
         trainer = Reinforce(TwoStateEnv(), config, tmp_path / name, progress=False)
         trainer.train()
         assert trainer.episodes_done == 10 and len(trainer.history) == 3  # batches of 4, 4 and 2
+        assert [record["episodes"] for record in trainer.history] == [4, 8, 10]  # from episode 0
         runs.append(torch.cat([p.detach().flatten() for p in trainer.network.parameters()]))
     assert torch.equal(runs[0], runs[1])
     with torch.no_grad():
@@ -205,6 +206,16 @@ def test_reinforce_evaluation_policy_is_greedy_and_training_is_seeded(tmp_path):
     assert [policy(obs) for _ in range(20)] == [0] * 20
     sampled = trainer.policy(deterministic=False)
     assert 0 < sum(sampled(obs) for _ in range(40)) < 40
+    from agents.reinforce import ReinforcePolicy
+
+    assert [ReinforcePolicy(trainer.network)(obs) for _ in range(5)] == [0] * 5  # greedy unless asked
+
+    def stream(seed=None, **kw):
+        policy = ReinforcePolicy(trainer.network, deterministic=False, **({} if seed is None else {"seed": seed}))
+        return [policy(obs) for _ in range(40)]
+
+    # sampling is seeded per policy (not the global stream), seed 0 unless given
+    assert stream(3) == stream(3) and stream(3) != stream(4) and stream() == stream(0) != stream(1)
 
 
 def test_reinforce_baseline_is_an_ema_of_batch_returns_and_updates_are_clipped_to_norm_one(tmp_path):
