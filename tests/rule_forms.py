@@ -26,6 +26,18 @@ def make_envs(tmp_path):
     return env, free
 
 
+def check_exact_is_native(rule: str, env, free):
+    """The exact form plays the native rule at the threshold it found: the same schedule, exactly K reuses.
+    -> the exact policy (for rule-specific checks)."""
+    options = {"prompt": "a red circle", "seed": 1, "budget": 4}
+    exact = policies.make(f"{rule}-exact", env)
+    trajectory = rollout(env, exact, options)
+    assert exact.clipped is None and exact.last_threshold > 0
+    native = rollout(free, policies.make(rule, env, threshold=exact.last_threshold), options)
+    assert native.schedule == trajectory.schedule and native.num_reuse == 4
+    return exact
+
+
 def check_forms_in_env(rule: str, env, free) -> None:
     """Every form plays feasible actions; the exact-budget ones spend exactly K; check_env is unaffected."""
     from gymnasium.utils.env_checker import check_env

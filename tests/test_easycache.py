@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from morca_env import policies
-from morca_env.rollout import rollout
 from morca_env.rules import forms, runtime
 from morca_env.rules.easycache import EasyCache
 from tests import rule_forms
@@ -103,10 +102,4 @@ def envs(tmp_path):
 
 
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
-    env, free = envs
-    exact = policies.make("easycache-exact", env)
-    trajectory = rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": 4})
-    assert exact.clipped is None and exact.last_threshold > 0
-    native = rollout(free, policies.make("easycache", env, threshold=exact.last_threshold),
-                     {"prompt": "a red circle", "seed": 1, "budget": 4})
-    assert native.schedule == trajectory.schedule
+    rule_forms.check_exact_is_native("easycache", *envs)

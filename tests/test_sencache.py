@@ -2,10 +2,8 @@
 what the run computes, and its exact form; the forms' shared checks are in test_runtime_rule_forms.py."""
 
 import pytest
-import torch
 
 from morca_env import policies
-from morca_env.rollout import rollout
 from morca_env.rules import forms, runtime
 from morca_env.rules.sencache import SenCache, fit_sensitivities
 from tests import rule_forms
@@ -110,11 +108,4 @@ def envs(tmp_path):
 
 
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
-    env, free = envs
-    exact = policies.make("sencache-exact", env)
-    trajectory = rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": 4})
-    assert sum(trajectory.schedule) == 4
-    if exact.clipped is None:
-        native = rollout(free, policies.make("sencache", env, threshold=exact.last_threshold),
-                         {"prompt": "a red circle", "seed": 1, "budget": 4})
-        assert native.schedule == trajectory.schedule
+    rule_forms.check_exact_is_native("sencache", *envs)
