@@ -11,6 +11,24 @@ import sys
 _LIBRARY_LOGGERS = ("morca_env", "agents")
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stdout` is when a message is emitted (a redirect or a test's capture since)."""
+
+    _morca_script = True
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler assigns one at construction; the current sys.stdout is used instead
+        pass
+
+
 def show_library_messages(level: int = logging.INFO) -> None:
     """Print the package's progress messages (`logging` under `morca_env` and `agents`) on stdout, message only.
 
@@ -20,10 +38,7 @@ def show_library_messages(level: int = logging.INFO) -> None:
         logger = logging.getLogger(name)
         logger.setLevel(level)
         if not any(getattr(handler, "_morca_script", False) for handler in logger.handlers):
-            handler = logging.StreamHandler(sys.stdout)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            handler._morca_script = True
-            logger.addHandler(handler)
+            logger.addHandler(_StdoutHandler())
 
 
 def _integer_at_least(text: str, minimum: int, name: str) -> int:

@@ -75,22 +75,21 @@ def test_the_library_logs_and_a_script_shows_it_once_on_stdout(capsys):
     from morca_env.cli import show_library_messages
     from morca_env.threads import configure_threads
 
-    logger = logging.getLogger("morca_env")
-    before = (list(logger.handlers), logger.level)
+    loggers = [logging.getLogger(name) for name in ("morca_env", "agents")]
+    saved = [(list(logger.handlers), logger.level) for logger in loggers]
+    for logger in loggers:  # as in a fresh process: no script handler yet (an earlier test may have run a script)
+        logger.handlers = [h for h in logger.handlers if not getattr(h, "_morca_script", False)]
+        logger.setLevel(logging.NOTSET)
     try:
         configure_threads(1)
         assert "torch thread(s)" not in capsys.readouterr().out  # the library alone prints nothing
         show_library_messages()
         show_library_messages()  # idempotent: one handler
         configure_threads(1)
-        out = capsys.readouterr().out
-        assert out.count("1 torch thread(s) per worker (requested;") == 1
+        assert capsys.readouterr().out.count("1 torch thread(s) per worker (requested;") == 1
         logging.getLogger("agents.online").info("round 1/2: rollout PSNR 30.00 dB")
         assert capsys.readouterr().out == "round 1/2: rollout PSNR 30.00 dB\n"
     finally:
-        for name in ("morca_env", "agents"):
-            named = logging.getLogger(name)
-            named.handlers = [h for h in named.handlers if not getattr(h, "_morca_script", False)]
-        logger.handlers, _ = before
-        logger.setLevel(before[1])
-        logging.getLogger("agents").setLevel(logging.NOTSET)
+        for logger, (handlers, level) in zip(loggers, saved):
+            logger.handlers = handlers
+            logger.setLevel(level)
