@@ -29,7 +29,6 @@ from collections import defaultdict
 
 import gymnasium as gym
 import numpy as np
-import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401

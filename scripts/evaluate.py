@@ -47,8 +47,8 @@ from tqdm import tqdm
 import morca_env  # noqa: F401
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
 from morca_env.data import needs_gpu
-from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, load_method, make_envs,  # noqa: F401
-                                  run_episode, scheduler_step_cost)
+from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode,
+                                  scheduler_step_cost)
 from morca_env.executors import WorkerFailed, add_ray_arguments, executor_from_args
 from morca_env.governor import SpeedupGovernor
 from morca_env.models.presets import load_threshold_map

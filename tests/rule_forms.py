@@ -1,9 +1,6 @@
 """Checks every cache rule's three forms must pass (`<rule>`, `<rule>-global`, `<rule>-exact`); each rule's test
 module calls them with its registry name. Not collected by itself (no test_ prefix)."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
 import morca_env
@@ -70,14 +67,12 @@ def check_global_tracks_the_target(rule: str, env, free) -> None:
 
 def check_recipe_and_evaluate(rule: str, env, free) -> None:
     from morca_env.data import make_behavior
+    from morca_env.evaluation import load_method  # what scripts/evaluate.py loads methods with
 
-    spec = importlib.util.spec_from_file_location("evaluate", Path(__file__).parents[1] / "scripts" / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
     for name in forms_of(rule):
         behaviour = make_behavior({"name": name}, env, seed=0)
         assert type(behaviour) is type(policies.make(name, env))
-        policy, runs_in = evaluate.load_method(name, None, env, free)
+        policy, runs_in = load_method(name, None, env, free)
         assert runs_in is (env if policies.needs_exact_budget(policy) else free)
 
 
