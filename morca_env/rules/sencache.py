@@ -41,7 +41,7 @@ from scipy.optimize import nnls
 
 from . import forms, runtime
 
-DEFAULT_THRESHOLD = 0.1  # our choice (no official constant): about 2x on MorcaTiny; use the global/exact forms
+DEFAULT_THRESHOLD = 0.1  # our choice, not tuned (no official constant): compare through the global/exact forms
 
 
 def mean_abs(tensor: torch.Tensor) -> float:
