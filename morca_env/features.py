@@ -35,13 +35,23 @@ def latent_features(latents: torch.Tensor) -> LatentFeatures:
             x = x[0]
         if x.ndim != 4:
             raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
-        pooled = F.adaptive_avg_pool3d(x, POOLED_GRID)
+        pooled = _average_pool(x, POOLED_GRID)
         time_mean = x.mean(dim=1, keepdim=True)
         # (x - mean)^2 averaged by hand: torch's var over a middle dim is ~10x slower on CPU
         time_var = (x - time_mean).square_().mean(dim=1)
-        mean = F.adaptive_avg_pool2d(time_mean[:, 0], TEMPORAL_GRID)
-        var = F.adaptive_avg_pool2d(time_var, TEMPORAL_GRID)
+        mean = _average_pool(time_mean[:, 0], TEMPORAL_GRID)
+        var = _average_pool(time_var, TEMPORAL_GRID)
         return LatentFeatures(pooled=pooled, mean=mean, var=var)
+
+
+def _average_pool(x: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+    """x's last len(grid) axes average-pooled to `grid`: a fixed-kernel pool where the grid divides them
+    (the same numbers, measured ~20% cheaper on CPU), the adaptive pool otherwise."""
+    sizes = x.shape[-len(grid):]
+    if all(size % cells == 0 for size, cells in zip(sizes, grid)):
+        kernel = tuple(size // cells for size, cells in zip(sizes, grid))
+        return (F.avg_pool3d if len(grid) == 3 else F.avg_pool2d)(x, kernel)
+    return (F.adaptive_avg_pool3d if len(grid) == 3 else F.adaptive_avg_pool2d)(x, grid)
 
 
 def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:

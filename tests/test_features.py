@@ -27,6 +27,17 @@ def test_values_are_block_means_of_the_latent():
     assert f.var[0, 3, 0] == pytest.approx(var_t.item(), abs=1e-6)
 
 
+@pytest.mark.parametrize("frames,h,w", [(8, 16, 16), (21, 12, 20), (4, 9, 16)])
+def test_pools_equal_torch_adaptive_pools_whether_or_not_the_grid_divides(frames, h, w):
+    """The fixed-kernel shortcut (grid divides the latent) and the adaptive fallback give the adaptive pools' numbers."""
+    x = torch.randn(1, 2, frames, h, w, generator=torch.Generator().manual_seed(1))
+    f = latent_features(x)
+    mean_t, var_t = x[0].mean(dim=1), x[0].var(dim=1, unbiased=False)
+    assert torch.allclose(f.pooled, torch.nn.functional.adaptive_avg_pool3d(x[0], (4, 8, 8)), atol=1e-6)
+    assert torch.allclose(f.mean, torch.nn.functional.adaptive_avg_pool2d(mean_t, (8, 8)), atol=1e-6)
+    assert torch.allclose(f.var, torch.nn.functional.adaptive_avg_pool2d(var_t, (8, 8)), atol=1e-5)
+
+
 def test_stack_order_current_previous_last_recompute():
     a, b, c = (latent_features(torch.full((1, 1, 4, 8, 8), v)) for v in (1.0, 2.0, 3.0))
     pooled, temporal = stack_features(a, b, c)

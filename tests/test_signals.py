@@ -169,6 +169,12 @@ def test_official_signal_follows_a_weight_change_after_the_memo(wan21_pipe):
     square.weight = transposed
     assert torch.allclose(official_signal_input(transformer, x, t), fresh(), atol=1e-5)
     assert not torch.allclose(official_signal_input(transformer, x, t), before, atol=1e-3)
+    # a bias (not only the first parameter of a module) and a weight one module deeper are read too
+    before = official_signal_input(transformer, x, t)
+    first = transformer.condition_embedder.time_embedder.linear_1
+    first.bias = torch.nn.Parameter(first.bias.detach() + 1.0)
+    assert torch.allclose(official_signal_input(transformer, x, t), fresh(), atol=1e-5)
+    assert not torch.allclose(official_signal_input(transformer, x, t), before, atol=1e-3)
 
 
 def test_official_signal_of_a_batch_is_block0_input_per_item(wan21_pipe):
