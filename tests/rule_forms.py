@@ -35,15 +35,16 @@ def check_exact_is_native(rule: str, env, free):
     return exact
 
 
-def check_forms_in_env(rule: str, env, free) -> None:
-    """Every form plays feasible actions; the exact-budget ones spend exactly K; check_env is unaffected."""
+def check_forms_in_env(scheduler: str, env, free, **options) -> None:
+    """Every form (made with `options`) plays feasible actions; the exact-budget ones spend exactly K; check_env is
+    unaffected."""
     from gymnasium.utils.env_checker import check_env
 
     check_env(env.unwrapped, skip_render_check=True)
-    for name in forms_of(rule):
-        policy = policies.make(name, env)
+    for name in forms_of(scheduler):
+        policy = policies.make(name, env, **options)
         exact = policies.needs_exact_budget(policy)
-        assert exact == (name != f"{rule}-global")
+        assert exact == (name != f"{scheduler}-global")
         trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 1.8})
         assert trajectory.requested == trajectory.schedule  # feasible actions only
         if exact:
@@ -76,7 +77,7 @@ def check_recipe_and_evaluate(rule: str, env, free) -> None:
         assert runs_in is (env if policies.needs_exact_budget(policy) else free)
 
 
-def check_accelerate(rule: str, kind: str, **options) -> None:
+def check_accelerate(scheduler: str, kind: str, **options) -> None:
     """Every form drives a stock tiny Wan pipeline call (Wan2.2: the expert switch forced) at exactly K."""
     from tests.conftest import make_pipe, prompt_embeds
 
@@ -88,7 +89,7 @@ def check_accelerate(rule: str, kind: str, **options) -> None:
     calibration = morca_env.SpeedupCalibration(alpha=12.0, beta=12.0, max_budget=9)
     spec = morca_env.wan_structure.budget_spec(pipe, 12)
     assert len(spec.forced) == (3 if kind == "wan22" else 2)  # first, last (and the expert switch)
-    for name in forms_of(rule):
+    for name in forms_of(scheduler):
         policy = policies.make(name, pipe=pipe, calibration=calibration, **options)
         result = morca_env.accelerate(pipe, policy, speedup=2.0, calibration=calibration,
                                       generator=torch.Generator().manual_seed(0), **call)

@@ -40,8 +40,11 @@ def test_wraps_first_block_cache_keeping_its_strictness():
 
 
 def test_bad_settings_say_what_is_valid():
-    with pytest.raises(ValueError, match="rule='teacache'; valid: dicache, easycache, first-block-cache, sencache"):
-        policies.make("acid", rule="teacache")
+    with pytest.raises(ValueError, match="rule='seacache'; valid: dicache, easycache, first-block-cache, magcache, "
+                                         "sencache, teacache"):
+        policies.make("acid", rule="seacache")
+    with pytest.raises(TypeError, match=r"unexpected options \['iterations'\]: ACID over 'teacache' plays a fixed mask"):
+        policies.make("acid-exact", rule="teacache", iterations=3)
     with pytest.raises(ValueError, match=r"ratio=0 must be a number in \(0, 1\]"):
         Acid(DiCache(), ratio=0)
     with pytest.raises(ValueError, match="kappa=-1 must be a number > 0"):
@@ -67,3 +70,55 @@ def test_acid_wraps_sencache_through_its_predicted_error():
     # below SenCache's .6, but it grew 350% (> kappa .5): critical, ACID's low threshold .3 -> compute
     assert schedule(SenCache(0.25))[:4] == [0, 0, 1, 1]
     assert schedule(Acid(SenCache(0.25), ratio=0.5, kappa=0.5))[:4] == [0, 0, 1, 0]
+
+
+def mask_decisions(rule, threshold, num_steps):
+    rule.prepare(forms.RunContext(num_steps, frozenset({0}), ("cond",)))
+    return forms.simulate(rule.gates(threshold), num_steps, frozenset({0}))
+
+
+def test_wraps_teacache_through_its_increments():
+    """Over TeaCache (identity polynomial: increments = distances; its own forced steps 0 and N-1) the drift is
+    p(x_i), not the accumulated value; tau .1, low .05, kappa 1. 1: .03 reuse (A .03); 2: .01, rate .67 -> A .04
+    reuse; 3: .025, rate 1.5: critical, A .065 >= .05 -> compute (TeaCache alone: .065 < .1, reuse; the accumulated
+    value's rate, .625, is not critical); 4: .01, rate .6 -> A .01 reuse; 5: .012 -> A .022 reuse; 6: forced."""
+    from morca_env.rules.acid import AcidMask, acid
+    from morca_env.rules.teacache import TeaCache
+
+    distances = [0.0, 0.03, 0.01, 0.025, 0.01, 0.012, 0.0]
+    identity = [0, 0, 0, 1, 0]
+    wrapped = acid(TeaCache(identity, distances=distances))
+    assert isinstance(wrapped, AcidMask) and wrapped.name == "acid-teacache"
+    assert mask_decisions(wrapped, 0.1, 7) == [0, 1, 1, 0, 1, 1, 0]
+    assert mask_decisions(TeaCache(identity, distances=distances), 0.1, 7) == [0, 1, 1, 1, 1, 1, 0]
+
+
+def test_wraps_magcache_through_its_error_increments():
+    """Over MagCache (no retention, K_max 10) the drift is |1 - rho|; tau .2, low .1. 1: rho .99, drift .01, E .01
+    reuse; 2: rho .9801, drift .0199 (rate .99) -> E .0299 reuse; 3: rho .88209, drift .11791 (rate 4.9): critical,
+    E .14781 >= .1 -> compute (MagCache alone: < .2, reuse); 4: restarts, rho .99, E .01 reuse (MagCache alone:
+    E .27454 >= .2 -> compute)."""
+    from morca_env.rules.acid import acid
+    from morca_env.rules.magcache import MagCache
+
+    cond = [1.0, 0.99, 0.99, 0.9, 0.99, 0.99, 0.99]
+    ratios = [r for pair in zip(cond, cond) for r in pair]  # interleaved cond / uncond
+    assert mask_decisions(acid(MagCache(ratios, max_skip=10, retention=0.0)), 0.2, 7)[:5] == [0, 1, 1, 0, 1]
+    assert mask_decisions(MagCache(ratios, max_skip=10, retention=0.0), 0.2, 7)[:5] == [0, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("inner", ["teacache", "magcache"])
+def test_acid_over_mask_rules_runs_every_form_in_the_env(inner, tmp_path):
+    from tests import rule_forms
+
+    env, free = rule_forms.make_envs(tmp_path)
+    rule_forms.check_forms_in_env("acid", env, free, rule=inner)
+    assert policies.make("acid-exact", env, rule=inner).rule.inner.name == inner
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+@pytest.mark.parametrize("inner", ["teacache", "magcache"])
+def test_acid_over_mask_rules_runs_under_accelerate(inner, kind):
+    from tests import rule_forms
+
+    rule_forms.check_accelerate("acid", kind, rule=inner)

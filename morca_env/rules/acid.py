@@ -11,20 +11,19 @@ last one measured before it,
     reuse iff the rule's own test passes at tau_t = ratio * tau if critical, else tau.
 
 The wrapped rule keeps its accumulation, warm-up and forced steps; only the threshold its
-pending value is tested against changes (gates expose `drift` and `below(threshold)`).
+pending value is tested against changes (every rule's gates expose `drift` and `below(threshold)`).
 The forms search and map the high threshold tau, with `ratio` and `kappa` fixed
 (defaults 0.5 and 1.0: a step is critical when its drift more than doubled from the last one).
-Wraps the run-time rules (`rule=`: "dicache" by default, "easycache", "first-block-cache").
+Wraps any rule of `morca_env.rules` (`rule=`: "dicache" by default): over a rule whose schedule
+is known before the run (TeaCache's increments p(x_i), MagCache's |1 - rho|) ACID's schedule is
+known too (`AcidMask`, the mask forms); over a run-time rule it is a run-time rule (`Acid`).
 """
 
 from __future__ import annotations
 
-from . import dicache, easycache, first_block_cache, forms, runtime, sencache
+from importlib import import_module
 
-RULES = {"dicache": (dicache.DiCache, dicache.DEFAULT_THRESHOLD),
-         "easycache": (easycache.EasyCache, easycache.DEFAULT_THRESHOLD),
-         "first-block-cache": (first_block_cache.FirstBlockCache, first_block_cache.DEFAULT_THRESHOLD),
-         "sencache": (sencache.SenCache, sencache.DEFAULT_THRESHOLD)}
+from . import forms, runtime
 
 
 class AcidGate:
@@ -49,10 +48,10 @@ class AcidGate:
         self.inner.commit(reused)
 
 
-class Acid(runtime.RuntimeRule):
-    """ACID over `inner` (a run-time rule whose gates expose `drift` and `below`); the threshold is the high one."""
+class _AcidOver:
+    """What both ACID forms share: the settings, the name, the wrapped rule's preparation."""
 
-    def __init__(self, inner: runtime.RuntimeRule, ratio: float = 0.5, kappa: float = 1.0):
+    def __init__(self, inner: forms.Rule, ratio: float = 0.5, kappa: float = 1.0):
         for name, value, upper in (("ratio", ratio, 1.0), ("kappa", kappa, None)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
                     and (upper is None or value <= upper)):
@@ -60,28 +59,64 @@ class Acid(runtime.RuntimeRule):
                 raise ValueError(f"{name}={value!r} must be a number {valid}")
         self.inner, self.ratio, self.kappa = inner, float(ratio), float(kappa)
         self.name = f"acid-{inner.name}"
-        self.keeps_head, self.keeps_output = inner.keeps_head, inner.keeps_output
 
     def prepare(self, context: forms.RunContext) -> None:
         self.inner.prepare(context)
         super().prepare(context)
 
+    def _wrap(self, gates, threshold: float) -> list[AcidGate]:
+        return [AcidGate(gate, self.ratio * threshold, self.kappa) for gate in gates]
+
+
+class Acid(_AcidOver, runtime.RuntimeRule):
+    """ACID over a run-time rule (DiCache, EasyCache, FirstBlockCache, SenCache); the threshold is the high one."""
+
+    def __init__(self, inner: runtime.RuntimeRule, ratio: float = 0.5, kappa: float = 1.0):
+        super().__init__(inner, ratio, kappa)
+        self.keeps_head, self.keeps_output = inner.keeps_head, inner.keeps_output
+
     def signals(self, view) -> list:
         return self.inner.signals(view)
 
     def gates(self, threshold: float, signals=None) -> list[AcidGate]:
-        return [AcidGate(gate, self.ratio * threshold, self.kappa) for gate in self.inner.gates(threshold, signals)]
+        return self._wrap(self.inner.gates(threshold, signals), threshold)
+
+
+class AcidMask(_AcidOver, forms.Rule):
+    """ACID over a rule whose signal is known before the run (TeaCache, MagCache): its schedule is a fixed mask too."""
+
+    def gates(self, threshold: float) -> list[AcidGate]:
+        return self._wrap(self.inner.gates(threshold), threshold)
+
+
+def acid(inner: forms.Rule, ratio: float = 0.5, kappa: float = 1.0) -> Acid | AcidMask:
+    """ACID over `inner`, in the kind (run-time or mask) of the rule it wraps."""
+    return (Acid if isinstance(inner, runtime.RuntimeRule) else AcidMask)(inner, ratio, kappa)
+
+
+def wrappable_rules() -> list[str]:
+    """The rule names ACID takes: every rule module of `morca_env.rules` but ACID itself (registry spelling)."""
+    from ..policies import _rule_modules
+
+    return [module.replace("_", "-") for module in _rule_modules() if module != "acid"]
 
 
 def build(form: str, env=None, pipe=None, rule: str = "dicache", threshold: float | None = None, ratio: float = 0.5,
           kappa: float = 1.0, rule_options: dict | None = None, branches=None, calibration=None, threshold_map=None,
           **options):
-    """ACID over `rule` (one of `RULES`, built with `rule_options`): native at the high `threshold` (default the
-    rule's own default), global or exact."""
-    if rule not in RULES:
-        raise ValueError(f"rule={rule!r}; valid: {', '.join(RULES)}")
-    cls, default = RULES[rule]
-    source = forms.Source(env, pipe, branches, calibration)
-    wrapped = Acid(cls(**(rule_options or {})), ratio, kappa)
-    return runtime.make_form(wrapped, form, default if threshold is None else threshold, source, threshold_map,
-                             **options)
+    """ACID over `rule` (any of `wrappable_rules()`, built by its own module's `build` with `rule_options`, so
+    it keeps its constants and defaults): native at the high `threshold` (default the rule's own), global or
+    exact."""
+    valid = wrappable_rules()
+    if rule not in valid:
+        raise ValueError(f"rule={rule!r}; valid: {', '.join(valid)}")
+    module = import_module(f"{__package__}.{rule.replace('-', '_')}")
+    inner = module.build(form, env, pipe=pipe, branches=branches, calibration=calibration, **(rule_options or {}))
+    wrapped = acid(inner.rule, ratio, kappa)
+    if threshold is None:
+        threshold = getattr(inner, "threshold", None)
+    if isinstance(wrapped, runtime.RuntimeRule):
+        return runtime.make_form(wrapped, form, threshold, inner.source, threshold_map, **options)
+    if options:
+        raise TypeError(f"unexpected options {sorted(options)}: ACID over {rule!r} plays a fixed mask and takes none")
+    return forms.make_form(wrapped, form, threshold, inner.source, threshold_map)

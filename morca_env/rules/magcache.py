@@ -76,6 +76,7 @@ class MagGate:
         self.ratios, self.delta, self.max_skip, self.retained, self.strict = ratios, delta, max_skip, retained, strict
         self.rho, self.err, self.k = 1.0, 0.0, 0
         self._pending = None
+        self.drift: float | None = None  # this step's error increment |1 - rho|, read by ACID (None in retention)
 
     def wants_reuse(self, step: int) -> bool:
         rho = self.rho * float(self.ratios[step])
@@ -84,9 +85,15 @@ class MagGate:
         # force a reuse on any free step, and the accumulators then advance as on every reuse
         self._pending = (rho, err, k)
         if step < self.retained:  # retention: always compute
+            self.drift = None
             return False
-        below = err < self.delta if self.strict else err <= self.delta
-        return below and k <= self.max_skip
+        self.drift = abs(1.0 - rho)
+        return self.below(self.delta)
+
+    def below(self, threshold: float) -> bool:
+        """MagCache's test of this step's accumulated error against `threshold` (its strictness), within K_max."""
+        _, err, k = self._pending
+        return (err < threshold if self.strict else err <= threshold) and k <= self.max_skip
 
     def commit(self, reused: bool) -> None:
         if reused:

@@ -67,13 +67,19 @@ class TeaGate:
     def __init__(self, increments, forced, delta: float):
         self.increments, self.forced, self.delta = increments, forced, delta
         self.accumulated, self._pending = 0.0, 0.0
+        self.drift: float | None = None  # this step's increment p(x_i), read by ACID (None on forced steps)
 
     def wants_reuse(self, step: int) -> bool:
         if step in self.forced:  # the rule's own forced computes: A = 0, no accumulation
-            self._pending = 0.0
+            self._pending, self.drift = 0.0, None
             return False
-        self._pending = self.accumulated + float(self.increments[step])
-        return self._pending < self.delta
+        self.drift = float(self.increments[step])
+        self._pending = self.accumulated + self.drift
+        return self.below(self.delta)
+
+    def below(self, threshold: float) -> bool:
+        """TeaCache's test of this step's accumulated value against `threshold` (strict, as the authors')."""
+        return self._pending < threshold
 
     def commit(self, reused: bool) -> None:
         self.accumulated = self._pending if reused else 0.0
