@@ -1,5 +1,5 @@
 """The three forms of rules that decide from run-time signals (outputs of the model): FirstBlockCache, EasyCache,
-DiCache, ACID.
+DiCache, SenCache, and ACID over any of them.
 
 TeaCache's and MagCache's schedules are known before the run (`forms`). A run-time rule
 reads what the model computes as the video is made (block 0's output residual, model
