@@ -170,7 +170,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         if isinstance(calibration, str) and Path(calibration).is_file():
             calibration = SpeedupCalibration.from_json(calibration)
         elif isinstance(calibration, str):
-            from .models.presets import load_calibration
+            from .calibrate import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
         budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)

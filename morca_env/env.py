@@ -20,7 +20,8 @@ from gymnasium import spaces
 from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
 from .denoiser import DenoiserConfig, StepwiseDenoiser
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
-from .models.presets import ModelPreset, get_preset, load_calibration
+from .calibrate import load_calibration
+from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
 from .observation import SCALAR_NAMES, ObservationBuilder, observation_space, parse_action  # noqa: F401 (SCALAR_NAMES re-exported)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .budget import BudgetSpec
+from .calibrate import ThresholdMap
 from .observation import Scalar, step_of
 from .signals import seacache_reuses
 
@@ -100,7 +101,7 @@ class StaticSchedule(_FixedSchedule):
 
     @classmethod
     def packaged(cls, model: str) -> "StaticSchedule":
-        from .models.presets import find_calibration_file
+        from .calibrate import find_calibration_file
 
         path = find_calibration_file(f"{model}_fixed_schedules.json")
         if path is None:
@@ -258,58 +259,6 @@ class SeaCacheExactBudget(_FixedSchedule):
         if self._denoiser is not None:
             self._denoiser.close()
             self._denoiser = None
-
-
-class ThresholdMap:
-    """g(rho): the global SeaCache threshold whose mean realised speedup is rho (interpolated in log delta).
-
-    Built from (speedup, threshold) pairs measured by `scripts/calibrate.py --thresholds`
-    (or, for Wan2.1 / Wan2.2, the paper's Table 7 settings).
-    """
-
-    def __init__(self, speedups, thresholds, source: str = "unspecified"):
-        order = np.argsort(speedups)
-        self.speedups = np.asarray(speedups, dtype=float)[order]
-        self.thresholds = np.asarray(thresholds, dtype=float)[order]
-        if len(self.speedups) < 2 or np.any(self.thresholds <= 0) or np.any(np.diff(self.speedups) <= 0):
-            raise ValueError("a threshold map needs >= 2 points with distinct speedups and positive thresholds")
-        self.source = source
-
-    def __call__(self, speedup: float) -> float:
-        log_delta = np.log(self.thresholds)
-        x, y = self.speedups, log_delta
-        if speedup <= x[0]:
-            slope = (y[1] - y[0]) / (x[1] - x[0])
-            return float(np.exp(y[0] + slope * (speedup - x[0])))
-        if speedup >= x[-1]:
-            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
-            return float(np.exp(y[-1] + slope * (speedup - x[-1])))
-        return float(np.exp(np.interp(speedup, x, y)))
-
-    def recalibrated(self, old, new) -> "ThresholdMap":
-        """The same thresholds with speedups re-read through a newer calibration.
-
-        The map's speedups are mean realised budgets K converted with the calibration
-        of the time (`old`); a threshold's K does not depend on the machine, so reading
-        `old` backwards and `new` forwards gives today's speedup.
-        """
-        speedups = [new.speedup_of_budget(old.budget_at(rho)) for rho in self.speedups]
-        keep = []  # a strictly increasing, finite part: thresholds whose K reads as one speedup say nothing more
-        for i, rho in enumerate(speedups):
-            if np.isfinite(rho) and (not keep or rho > speedups[keep[-1]] + 1e-9):
-                keep.append(i)
-        if len(keep) < 2:
-            raise ValueError(f"the threshold map re-read through {new.source!r} keeps fewer than 2 distinct speedups "
-                             f"({[round(float(r), 3) for r in speedups]}); measure the calibration again")
-        return ThresholdMap(np.asarray(speedups)[keep], self.thresholds[keep],
-                            source=f"{self.source}, recalibrated: {new.source}")
-
-    def to_dict(self) -> dict:
-        return {"speedups": self.speedups.tolist(), "thresholds": self.thresholds.tolist(), "source": self.source}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ThresholdMap":
-        return cls(data["speedups"], data["thresholds"], data.get("source", "unspecified"))
 
 
 def smoothstep_curve(num_steps: int, positions, values) -> np.ndarray:
@@ -516,7 +465,7 @@ def _model_of(env, name: str) -> str:
 def _threshold_map(env, name, threshold_map=None):
     if threshold_map is not None:
         return threshold_map
-    from .models.presets import load_threshold_map
+    from .calibrate import load_threshold_map
 
     return load_threshold_map(_model_of(env, name))
 

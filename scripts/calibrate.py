@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.calibrate import measure_calibration
-from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
+from morca_env.calibrate import calibration_file
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
 from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages
@@ -54,7 +54,8 @@ def parse_args(argv=None):
 
 
 def calibrate_thresholds(args, kwargs) -> int:
-    from morca_env.policies import SeaCacheThreshold, ThresholdMap
+    from morca_env.calibrate import ThresholdMap
+    from morca_env.policies import SeaCacheThreshold
 
     env = gym.make(args.env, budget=0, enforce_budget=False, **kwargs).unwrapped
     rng = np.random.default_rng(0)
@@ -79,8 +80,7 @@ def calibrate_thresholds(args, kwargs) -> int:
     name = env.preset.name
     tmap = ThresholdMap(speedups, thresholds, source=f"scripts/calibrate.py --thresholds, {args.prompts} prompts, "
                                                       f"{time.strftime('%Y-%m-%d')}")
-    out = args.out or (packaged_calibration_path(f"{name}_threshold") if args.packaged
-                       else user_calibration_dir() / f"{name}_threshold.json")
+    out = args.out or calibration_file(f"{name}_threshold.json", "packaged" if args.packaged else "user")
     from morca_env.io import atomic_write_text
 
     atomic_write_text(out, json.dumps(tmap.to_dict(), indent=2) + "\n")
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                                   timing_repeats=args.timing_repeats)
     print("\n" + measured.table())
     name = env.preset.name
-    out = args.out or (packaged_calibration_path(name) if args.packaged else user_calibration_dir() / f"{name}.json")
+    out = args.out or calibration_file(f"{name}.json", "packaged" if args.packaged else "user")
     measured.calibration.to_json(out)
     print(f"saved to {out}")
     env.close()

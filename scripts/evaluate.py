@@ -51,7 +51,7 @@ from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, mak
                                   scheduler_step_cost)
 from morca_env.executors import WorkerFailed, add_ray_arguments, executor_from_args
 from morca_env.governor import SpeedupGovernor
-from morca_env.models.presets import load_threshold_map
+from morca_env.calibrate import load_threshold_map
 from morca_env.video import side_by_side, write_video
 from morca_env.threads import configure_threads
 from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup

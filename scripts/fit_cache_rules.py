@@ -26,7 +26,7 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
+from morca_env.calibrate import calibration_file
 from morca_env.prompts import get_suite
 from morca_env.rules import magcache, teacache
 from morca_env.threads import configure_threads
@@ -61,12 +61,7 @@ def main(argv=None) -> int:
                   "pairs": [list(pair) for pair in pairs], **fitted, "command": command,
                   "fitted": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
                   "seconds": round(time.perf_counter() - t0, 1)}
-        if args.save == "user":
-            path = user_calibration_dir() / f"{model}_{rule}.json"
-        elif args.save == "packaged":
-            path = packaged_calibration_path(f"{model}_{rule}")
-        else:
-            path = Path(args.save) / f"{model}_{rule}.json"
+        path = calibration_file(f"{model}_{rule}.json", args.save)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(record, indent=1) + "\n")
         print(f"{rule}: {record['seconds']} s over {len(pairs)} prompts -> {path}")

@@ -21,7 +21,7 @@ import gymnasium as gym
 
 import morca_env  # noqa: F401
 from morca_env.io import atomic_write_text
-from morca_env.models.presets import packaged_calibration_path, user_calibration_dir
+from morca_env.calibrate import calibration_file
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import json_dict, nonnegative_int, positive_int
@@ -51,12 +51,8 @@ def main(argv=None) -> int:
     results = search_many(tasks, args.env, env_kwargs, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
                           workers=args.workers, threads=args.threads)
     model = gym.spec(args.env).kwargs["model"]
-    if args.save == "user":
-        path = user_calibration_dir() / f"{model}_fixed_schedules.json"
-    elif args.save == "packaged":
-        path = packaged_calibration_path(f"{model}_fixed_schedules")
-    else:
-        path = Path(args.save)
+    path = (calibration_file(f"{model}_fixed_schedules.json", args.save) if args.save in ("user", "packaged")
+            else Path(args.save))
     old = json.loads(path.read_text())["schedules"] if path.exists() else {}
     schedules = {**old, **{str(r["budget"]): r["schedule"] for r in results}}
     fits = {str(r["budget"]): {"train_psnr": r["value"], "uniform_train_psnr": r["start_value"],

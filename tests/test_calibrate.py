@@ -50,3 +50,23 @@ def test_measure_calibration_times_each_point_as_the_fastest_of_r_runs(tmp_path)
     assert "fastest of 3" in measured.calibration.source
     with pytest.raises(ValueError, match="timing_repeats=0 must be >= 1"):
         measure_calibration(env, budgets, repeats=1, progress=False, timing_repeats=0)
+
+
+def test_calibration_files_are_written_where_asked_and_found_user_first(tmp_path, monkeypatch):
+    """One home for calibration files: the user's copy (under the cache root) wins over the packaged one."""
+    from morca_env.calibrate import calibration_file, find_calibration_file, load_calibration, packaged_calibration_path
+
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    user = calibration_file("tiny.json")
+    assert user == tmp_path / "cache" / "calibration" / "tiny.json"
+    assert calibration_file("tiny.json", "packaged") == packaged_calibration_path("tiny")
+    assert calibration_file("tiny.json", str(tmp_path / "elsewhere")) == tmp_path / "elsewhere" / "tiny.json"
+    assert find_calibration_file("tiny.json") == packaged_calibration_path("tiny")  # no user copy yet
+    packaged = load_calibration("tiny", 50, 48)
+    user.parent.mkdir(parents=True)
+    morca_env.SpeedupCalibration(alpha=60.0, beta=30.0, max_budget=48, num_steps=50, source="user").to_json(user)
+    assert find_calibration_file("tiny.json") == user
+    mine = load_calibration("tiny", 50, 48)
+    assert (mine.alpha, mine.source) == (60.0, "user") and packaged.alpha != 60.0
+    with pytest.raises(ValueError, match="calibration='nope' is not a registered model; valid: "):
+        load_calibration("nope", 50, 48)

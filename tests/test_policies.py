@@ -4,7 +4,8 @@ import pytest
 
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
-from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, ThresholdMap, UniformInterval
+from morca_env.calibrate import ThresholdMap
+from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, UniformInterval
 
 
 def play(env, policy, seed=0, options=None):

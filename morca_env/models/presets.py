@@ -1,18 +1,13 @@
-"""The registered model settings (paper App. A) and where each one's speedup calibration lives."""
+"""The registered model settings (paper App. A); their speedup calibrations live in `morca_env.calibrate`."""
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field, replace
-from importlib import resources
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..budget import SpeedupCalibration
 from ..denoiser import DenoiserConfig
-from ..paths import cache_root
 from . import tiny_data
 
 
@@ -103,68 +98,3 @@ def get_preset(name: str) -> ModelPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(PRESETS)}")
     return PRESETS[name]
-
-
-# ------------------------------------------------------------------ calibration
-def user_calibration_dir() -> Path:
-    return cache_root() / "calibration"
-
-
-def packaged_calibration_path(name: str) -> Path:
-    return Path(str(resources.files("morca_env"))) / "calibration" / f"{name}.json"
-
-
-_warned: set[str] = set()
-
-
-def find_calibration_file(filename: str) -> Path | None:
-    """The user's calibration file (written by scripts/calibrate.py) if any, else the packaged one."""
-    for path in (user_calibration_dir() / filename, packaged_calibration_path(filename.removesuffix(".json"))):
-        if path.is_file():
-            return path
-    return None
-
-
-def load_threshold_map(name: str):
-    """g(rho) for the threshold-curve behaviour policy and the global-threshold SeaCache baseline."""
-    import json
-
-    from ..policies import ThresholdMap
-
-    path = find_calibration_file(f"{name}_threshold.json")
-    if path is None:
-        raise FileNotFoundError(f"no threshold map for {name!r}; run `python scripts/calibrate.py --thresholds` "
-                                "for this env")
-    return ThresholdMap.from_dict(json.loads(path.read_text()))
-
-
-def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
-    """The calibration `scripts/calibrate.py` saved for this machine, else the packaged one, else the ideal model.
-
-    A calibration made for another step count is rescaled (alpha, beta proportional
-    to N, since each step costs the same) with a one-time warning.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"calibration={name!r} is not a registered model; valid: {', '.join(sorted(PRESETS))}, "
-                         "a SpeedupCalibration, or a path to a calibration JSON file")
-    path = find_calibration_file(f"{name}.json")
-    if path is not None:
-        calib = SpeedupCalibration.from_json(path)
-    else:
-        if name not in _warned:
-            warnings.warn(f"no speedup calibration for {name!r}; using the ideal model K = N (1 - 1/rho). "
-                          "Run scripts/calibrate.py to measure one.", stacklevel=3)
-            _warned.add(name)
-        return SpeedupCalibration(alpha=float(num_steps), beta=float(num_steps), max_budget=max_budget,
-                                  source="ideal model (uncalibrated)")
-    steps = calib.num_steps or num_steps
-    if steps != num_steps:
-        scale = num_steps / steps
-        if (name, num_steps) not in _warned:
-            warnings.warn(f"calibration for {name!r} was made at {steps} steps; rescaling to {num_steps}", stacklevel=3)
-            _warned.add((name, num_steps))
-        full = calib.full_latency_s * scale if calib.full_latency_s else calib.full_latency_s
-        points = [[k * scale, r] for k, r in calib.points] if calib.points else None
-        calib = replace(calib, alpha=calib.alpha * scale, beta=calib.beta * scale, num_steps=num_steps,
-                        full_latency_s=full, points=points, source=f"{calib.source} (rescaled from {steps} steps)")
-    return replace(calib, max_budget=max_budget)

@@ -43,7 +43,8 @@ import numpy as np
 from .. import wan_structure
 from ..budget import BudgetSpec
 from ..observation import Scalar, step_of
-from ..policies import ThresholdMap, _FixedSchedule, feasible
+from ..calibrate import ThresholdMap, threshold_map_from_counts
+from ..policies import _FixedSchedule, feasible
 
 
 class Gate(Protocol):
@@ -102,7 +103,7 @@ class Source:
     def _calibration(self, num_steps, forced):
         if self.calibration is None or not isinstance(self.calibration, str):
             return self.calibration
-        from ..models.presets import load_calibration
+        from ..calibrate import load_calibration
 
         return load_calibration(self.calibration, num_steps, BudgetSpec(num_steps, forced).max_budget)
 
@@ -197,26 +198,6 @@ def fitted_threshold_map(rule: Rule, calibration, grid=np.logspace(-5, 5, 401)) 
     return threshold_map_from_counts(rule.name, grid, counts, calibration, "K(threshold) and the env calibration")
 
 
-def threshold_map_from_counts(name: str, grid, counts, calibration, source: str) -> ThresholdMap:
-    """A ThresholdMap from reuse counts (mean K over prompts, or one K) measured at increasing thresholds `grid`:
-    each distinct count with the geometric middle of its thresholds, at the speedup `calibration` predicts."""
-    grid, counts = np.asarray(grid, dtype=float), np.asarray(counts, dtype=float)
-    speedups, thresholds = [], []
-    for k in np.unique(counts):
-        run = grid[counts == k]
-        speedup = calibration.speedup_of_budget(float(k))
-        if math.isfinite(speedup):
-            speedups.append(speedup)
-            thresholds.append(float(np.sqrt(run[0] * run[-1])))
-    if len(speedups) < 2:
-        raise ValueError(f"{name}: its reuse count takes fewer than two values over thresholds "
-                         f"{grid[0]:g}..{grid[-1]:g}; no threshold map can be fitted")
-    order = np.argsort(speedups)
-    speedups, thresholds = np.asarray(speedups)[order], np.asarray(thresholds)[order]
-    keep = np.concatenate([[True], np.diff(speedups) > 0])
-    return ThresholdMap(speedups[keep], thresholds[keep], source=f"{name}: {source}")
-
-
 class NativeRule:
     """The rule at one threshold, step by step, its gates following the executed actions (see the module docstring)."""
 
@@ -308,7 +289,7 @@ def packaged_constants(rule: str, model: str | None) -> dict | None:
     """The constants `scripts/fit_cache_rules.py` fitted for `model` (a user file first, then the packaged one)."""
     if model is None:
         return None
-    from ..models.presets import find_calibration_file
+    from ..calibrate import find_calibration_file
 
     path = find_calibration_file(f"{model}_{rule}.json")
     return None if path is None else json.loads(path.read_text())

@@ -30,13 +30,13 @@ per-step policy time and `accelerate`'s latency count it.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from ..policies import ThresholdMap, _FixedSchedule
+from ..calibrate import ThresholdMap, threshold_map_from_counts
+from ..policies import _FixedSchedule
 from ..signals import head_block
 from . import forms
 
@@ -314,7 +314,7 @@ class GlobalRuntimeRule(forms.NativeRule):
         finally:
             replay.close()
         logger.info("%s-global: mean K %s over thresholds %s", self.rule.name, counts, self.grid.tolist())
-        return forms.threshold_map_from_counts(
+        return threshold_map_from_counts(
             self.rule.name, self.grid, counts, context.calibration,
             f"mean K of free runs on {len(pairs)} prompts of {env.suite.name!r} and the env calibration")
 
