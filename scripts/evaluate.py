@@ -13,7 +13,8 @@ tuned on training prompts as the paper tunes it; its K varies per video),
 `scripts/fit_fixed_schedule.py`), `searched=<dir>` (the per-prompt oracle:
 schedules found by `scripts/search_schedules.py`, same K as the others only
 without --calibrate), any other name of `morca_env.policies.SCHEDULERS`,
-`morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`. Every episode appends a
+`morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`, and `<label>='{"name": <scheduler>, <option>: ...}'`
+(a scheduler with options under its own label, e.g. `acid-tea='{"name": "acid-exact", "rule": "teacache"}'`). Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
 Speedup = mean stock no-cache latency / mean episode latency over the prompts, each
