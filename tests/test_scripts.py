@@ -127,8 +127,12 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     budgets = sorted({json.loads(p.read_text())["budget"] for p in search.glob("*.json")})
     stdout = run_script(["scripts/fit_fixed_schedule.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
                          "--prompts", "tiny-train:2", "--budgets", *map(str, budgets), "--evaluations", "4",
-                         "--out", str(tmp_path / "fit"), "--save", str(fixed)], tmp_path)
+                         "--out", str(tmp_path / "fit"), "--select-on", "tiny-train[5:6]", "--save", str(fixed)],
+                        tmp_path)
     assert "mean training PSNR" in stdout and set(json.loads(fixed.read_text())["schedules"]) == set(map(str, budgets))
+    assert "over 1 prompts: kept" in stdout
+    fits = json.loads(fixed.read_text())["fits"]
+    assert all({"validation_psnr", "uniform_validation_psnr", "kept"} <= set(fit) for fit in fits.values())
     out = tmp_path / "eval"
     run_script(["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
                 "--targets", "1.8", "--videos", "0", "--threads", "1", "--out", str(out), "--baselines", "uniform",

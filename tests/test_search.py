@@ -194,3 +194,24 @@ def test_searched_episodes_keep_the_best_and_refuse_held_out_prompts(tmp_path):
     assert len(red) == 4 and red[-2:] == [8.0, 9.0]  # the best half, then two of the rest
     with pytest.raises(ValueError, match="held-out prompt 'a blue square'"):
         searched_episodes([tmp_path], exclude=["a blue square"])
+
+
+def test_validation_keeps_the_fitted_schedule_only_where_it_beats_uniform(env, tmp_path):
+    """A schedule that loses to uniform spacing on the validation pairs is replaced by uniform spacing at its K;
+    one that wins is kept; both scores are reported and the episodes logged (a rerun replays none)."""
+    from morca_env.search import validated_schedule
+
+    spec = env.unwrapped.budget_spec
+    pairs = [("a red circle", 3)]
+    uniform = UniformInterval().plan(spec, 8)
+    crowded = [0] + [1] * 8 + [0] * 11  # every reuse at the start, where the latent changes fastest
+    kept, scores = validated_schedule(env, crowded, pairs, tmp_path / "log.jsonl")
+    assert kept == uniform and scores["kept"] == "uniform"
+    assert scores["validation_psnr"] < scores["uniform_validation_psnr"]
+    better = search_schedule(env, pairs, 8, SearchConfig(evaluations=12, seed=0)).schedule
+    kept, scores = validated_schedule(env, better, pairs, tmp_path / "log.jsonl")
+    assert kept == better != uniform and scores["kept"] == "fitted"
+    assert scores["validation_psnr"] > scores["uniform_validation_psnr"]
+    logged = len((tmp_path / "log.jsonl").read_text().splitlines())
+    validated_schedule(env, better, pairs, tmp_path / "log.jsonl")
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == logged == 3
