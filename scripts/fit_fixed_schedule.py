@@ -2,7 +2,7 @@
 
     python scripts/fit_fixed_schedule.py --budgets 34 39 44                       # MorcaTiny, 12 tiny-train prompts
     python scripts/fit_fixed_schedule.py --budgets 34 39 44 --prompts tiny-train:16 --evaluations 200 --workers 2
-    python scripts/fit_fixed_schedule.py --budgets 29 35 38 --prompts 'tiny-train[::464]' --evaluations 80 \
+    python scripts/fit_fixed_schedule.py --budgets 29 30 34 35 38 39 --prompts 'tiny-train[::464]' --evaluations 80 \
         --select-on 'tiny-train[11:2651:132]' --fresh --save packaged      # how the shipped one was made
 
 One `morca_env.search` hill climb per K (each candidate played on every
