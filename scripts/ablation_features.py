@@ -1,10 +1,14 @@
 """Table 3 ablation: which latent features the scheduler state includes (offline IQL, ~3x speedup).
 
     python scripts/ablation_features.py --dataset morca/tiny/random-v0 --epochs 20 --prompts 50
+    python scripts/ablation_features.py --dataset morca/tiny/quickstart-mixture-v0 --n-step 50 --same-k ...
 
 Trains offline IQL once per variant (A0: none ... all of P3, P2 mean, P2 variance)
 with scripts/train_offline.py and evaluates all variants together with
-scripts/evaluate.py at the target speedup on held-out prompts. Resumable.
+scripts/evaluate.py at the target speedup on held-out prompts, paired against the first
+variant (A0, no latent features, by default); `--same-k` compares them at the same K (quality only, what
+the features buy the decisions), `--n-step` sets the value targets (1: the
+paper's one-step TD; 50: the quickstart's Monte-Carlo returns). Resumable.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import sys
 from pathlib import Path
 
 from _runner import ROOT, resume_flag, run
+
+from morca_env.cli import positive_int
 
 VARIANTS = {"A0": "", "A1": "p3", "A2": "mean", "A3": "var", "A4": "p3,mean", "A5": "p3,var", "A6": "mean,var",
             "full": "p3,mean,var"}
@@ -29,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=3.0)
     p.add_argument("--out", type=Path, default=Path("runs/ablation_features"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--n-step", type=positive_int, default=1, help="value targets (train_offline.py --n-step)")
+    p.add_argument("--same-k", action="store_true", help="evaluate every variant at the same K (evaluate.py --same-k)")
     args = p.parse_args(argv)
     out = args.out if args.out.is_absolute() else ROOT / args.out
     env = dict(os.environ)
@@ -39,10 +47,12 @@ def main(argv=None) -> int:
         if not (run_dir / "final.d3").exists():
             run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
                 ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.epochs),
-                 "--features", VARIANTS[name], "--run-dir", str(run_dir), *cap, *resume_flag(run_dir)], env)
+                 "--features", VARIANTS[name], "--n-step", str(args.n_step), "--run-dir", str(run_dir), *cap,
+                 *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.d3'}")
     run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", str(args.target),
-                     "--out", str(out / "eval"), "--videos", "0", "--methods", *methods], env)
+                     "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),
+                     "--methods", *methods, "--baselines", methods[0].split("=")[0]], env)
     return 0
 
 
