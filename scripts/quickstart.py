@@ -1,4 +1,4 @@
-"""MORCA gym quickstart: the paper's whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~11.5 min, plus ~2 min of setup).
+"""MORCA gym quickstart: the paper's whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~14 min, plus ~2 min of setup).
 
     python scripts/quickstart.py                      # quick sizes (the README's main command)
     python scripts/quickstart.py --scale paper        # the paper's sizes (hours on a CPU)
