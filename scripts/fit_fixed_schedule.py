@@ -1,6 +1,6 @@
 """Fit the best fixed schedule: for each K, the schedule with the highest mean PSNR over training prompts.
 
-    python scripts/fit_fixed_schedule.py --budgets 34 39 44                       # MorcaTiny, 12 tiny-train prompts
+    python scripts/fit_fixed_schedule.py --budgets 34 39 44                       # MorcaTiny, 12 spread tiny-train prompts
     python scripts/fit_fixed_schedule.py --budgets 34 39 44 --prompts tiny-train:16 --evaluations 200 --workers 2
     python scripts/fit_fixed_schedule.py --budgets 29 30 34 35 38 39 --prompts 'tiny-train[::464]' --evaluations 80 \
         --select-on 'tiny-train[11:2651:132]' --fresh --save packaged      # how the shipped one was made
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--budgets", type=nonnegative_int, nargs="+", required=True, help="the K values to fit")
-    p.add_argument("--prompts", default="tiny-train:12", help="training prompt suite with fixed seeds (<suite>:<n>)")
+    p.add_argument("--prompts", default="tiny-train[::464]", help="training prompts with fixed seeds (<suite>:<n> or "
+                   "<suite>[start:stop:step]; default: 12 spread over MorcaTiny's grammar)")
     p.add_argument("--evaluations", type=positive_int, default=120, help="schedules evaluated per K")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
     p.add_argument("--workers", type=positive_int, default=1)
