@@ -526,6 +526,11 @@ def _rule_modules() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(rules.__path__) if m.name not in ("forms", "runtime"))
 
 
+def rule_names() -> list[str]:
+    """The cache rules' native-form registry names (module `first_block_cache`: "first-block-cache")."""
+    return [module.replace("_", "-") for module in _rule_modules()]
+
+
 for _module in _rule_modules():  # "<rule>", "<rule>-global", "<rule>-exact" (first_block_cache: first-block-cache)
     for _form, _suffix in (("native", ""), ("global", "-global"), ("exact", "-exact")):
         SCHEDULERS[_module.replace("_", "-") + _suffix] = _rule(_module, _form)

@@ -11,11 +11,9 @@ from tests import rule_forms
 def runtime_rules() -> tuple[str, ...]:
     """Every rule module whose rule reads run-time signals, found in the registry (a new rule needs no entry here)."""
     from morca_env import policies
-    from morca_env.policies import _rule_modules
     from morca_env.rules.runtime import RuntimeRule
 
-    names = [module.replace("_", "-") for module in _rule_modules()]
-    return tuple(name for name in names if isinstance(policies.make(name).rule, RuntimeRule))
+    return tuple(name for name in policies.rule_names() if isinstance(policies.make(name).rule, RuntimeRule))
 
 
 RUNTIME_RULES = runtime_rules()

@@ -96,9 +96,9 @@ def acid(inner: forms.Rule, ratio: float = 0.5, kappa: float = 1.0) -> Acid | Ac
 
 def wrappable_rules() -> list[str]:
     """The rule names ACID takes: every rule module of `morca_env.rules` but ACID itself (registry spelling)."""
-    from ..policies import _rule_modules
+    from ..policies import rule_names
 
-    return [module.replace("_", "-") for module in _rule_modules() if module != "acid"]
+    return [name for name in rule_names() if name != "acid"]
 
 
 def build(form: str, env=None, pipe=None, rule: str = "dicache", threshold: float | None = None, ratio: float = 0.5,
