@@ -32,6 +32,8 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
             assert sum(row["schedule"]) == row["num_reuse"]
     table = (out / "table.md").read_text()
     assert table.count("| 1.5x |") == 4 and table.count("| 2.0x |") == 4
+    for method in ("uniform", "random", "behaviour"):  # every method is paired with the baseline
+        assert f"- {method} - seacache-global at 2.0x:" in table
     for name in ("table.csv", "pareto.png", "schedules.png", "video_000.gif", "video_000.mp4"):
         assert (out / name).stat().st_size > 0
     run_script(args, tmp_path)  # everything is done: nothing is appended
