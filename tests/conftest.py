@@ -41,3 +41,12 @@ def wan22_pipe():
 def prompt_embeds(seed=0, length=8, dim=16):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(1, length, dim, generator=g), torch.randn(1, length, dim, generator=g)
+
+
+@pytest.fixture
+def envs(tmp_path):
+    """An exact-budget MorcaTinyRandom env and a budget-free one on its pipeline (`rule_forms.make_envs`), for the
+    rule-form checks every cache rule's test runs."""
+    from tests import rule_forms
+
+    return rule_forms.make_envs(tmp_path)

@@ -103,11 +103,6 @@ def test_probe_is_block_0_of_the_step_and_costs_one_block_per_branch(wan21_pipe)
 
 
 # ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 BUDGET = 6  # attainable by a threshold for this prompt on the random tiny model
 
 

@@ -96,10 +96,5 @@ def test_signal_is_what_the_run_computes(wan21_pipe):
 
 
 # ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     rule_forms.check_exact_is_native("easycache", *envs)

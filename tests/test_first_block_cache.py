@@ -198,11 +198,6 @@ def test_probe_equals_the_computed_block_and_costs_one_block_per_branch(wan21_pi
 
 
 # ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     exact = rule_forms.check_exact_is_native("first-block-cache", *envs)
     assert exact.replays > 1

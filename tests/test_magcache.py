@@ -154,11 +154,6 @@ def test_decisions_equal_diffusers_magcache_hook_on_a_tiny_wan(wan21_pipe):
 
 
 # ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 def test_every_form_runs_in_the_env_at_exact_k(envs):
     rule_forms.check_forms_in_env("magcache", *envs)
 

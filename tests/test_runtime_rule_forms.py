@@ -24,11 +24,6 @@ def test_the_registry_finds_every_runtime_rule():
     assert "teacache" not in RUNTIME_RULES and "magcache" not in RUNTIME_RULES  # known before the run
 
 
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 @pytest.mark.slow  # fits the global map on free runs; test_registry runs each name at exact K too
 @pytest.mark.parametrize("rule", RUNTIME_RULES)
 def test_every_form_runs_in_the_env_at_exact_k(rule, envs):

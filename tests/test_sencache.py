@@ -102,10 +102,5 @@ def test_timestep_signal_is_the_runs_timestep(wan21_pipe):
         den.close()
 
 
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     rule_forms.check_exact_is_native("sencache", *envs)

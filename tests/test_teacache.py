@@ -103,11 +103,6 @@ def test_bad_constants_and_settings_say_what_is_valid():
 
 
 # ---------------------------------------------------------------- the three forms, end to end
-@pytest.fixture
-def envs(tmp_path):
-    return rule_forms.make_envs(tmp_path)
-
-
 def test_every_form_runs_in_the_env_at_exact_k(envs):
     rule_forms.check_forms_in_env("teacache", *envs)
 
