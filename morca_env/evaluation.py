@@ -122,11 +122,15 @@ def timed_episode(env, policy, options, repeats: int):
 
 
 def evaluate_episode(name: str, policy, method_env, target: float, index: int, pair: tuple, *, requested: float,
-                     stock_s: float, scheduler_cost_s: float, k_cost_s: float, timing_repeats: int) -> dict:
-    """Run one method's episode for (target, prompt `index`) and return its row of `episodes.jsonl`."""
+                     stock_s: float, scheduler_cost_s: float, k_cost_s: float, timing_repeats: int,
+                     budget: int | None = None) -> dict:
+    """Run one method's episode for (target, prompt `index`) and return its row of `episodes.jsonl`. With
+    `budget`, the episode runs at that K instead of the target's (a matched episode, `name` its label)."""
     prompt, seed = pair
-    info, latency, policy_time, setup_time = timed_episode(method_env, policy, {
-        "prompt": prompt, "seed": seed, "speedup": requested, "scheduler_cost_s": k_cost_s}, timing_repeats)
+    options = ({"budget": budget} if budget is not None
+               else {"speedup": requested, "scheduler_cost_s": k_cost_s})
+    info, latency, policy_time, setup_time = timed_episode(method_env, policy, {"prompt": prompt, "seed": seed,
+                                                                               **options}, timing_repeats)
     row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
            "num_reuse": info["num_reuse"], "psnr": min(info["psnr"], 100.0), "ssim": info["ssim"],
            "latency_s": latency, "policy_s": policy_time, "setup_s": setup_time,
@@ -155,10 +159,16 @@ class GroupEvaluator:
         self.pairs, self.cost, self.k_cost, self.timing_repeats = pairs, cost, k_cost, timing_repeats
 
     def __call__(self, item) -> list[dict]:
-        target, index, names = item
+        """`item`: (target, prompt index, entries), an entry a method's name or, for a matched episode,
+        (label, method name, K)."""
+        target, index, entries = item
         prompt, seed = self.pairs[index]
         stock_s = fastest(lambda: stock_seconds(self.env.unwrapped, prompt, seed), self.timing_repeats)
-        return [evaluate_episode(name, *self.methods.for_episode(name, target, index), target, index,
-                                 self.pairs[index], requested=target,
-                                 stock_s=stock_s, scheduler_cost_s=self.cost[name], k_cost_s=self.k_cost[name],
-                                 timing_repeats=self.timing_repeats) for name in names]
+        rows = []
+        for entry in entries:
+            label, name, budget = (entry, entry, None) if isinstance(entry, str) else entry
+            rows.append(evaluate_episode(label, *self.methods.for_episode(name, target, index), target, index,
+                                         self.pairs[index], requested=target, stock_s=stock_s,
+                                         scheduler_cost_s=self.cost[name], k_cost_s=self.k_cost[name],
+                                         timing_repeats=self.timing_repeats, budget=budget))
+        return rows

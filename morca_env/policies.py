@@ -148,10 +148,13 @@ class RandomFeasible(_FixedSchedule):
 class SeaCacheThreshold:
     """SeaCache's rule: reuse while the accumulated filtered distance D_t stays below `delta`.
 
-    Under an exact budget the mask overrides the rule where it must (it then
+    It spends its own K, so evaluation runs it in a budget-free env (`exact_budget = False`);
+    under `accelerate`'s exact budget the mask overrides the rule where it must (it then
     behaves like SeaCache clipped to K reuses). Paper Table 7 deltas for Wan2.1:
     0.28 / 0.47 / 0.7 at about 2.4x / 3.0x / 4.0x.
     """
+
+    exact_budget = False
 
     def __init__(self, delta: float):
         if not delta >= 0:

@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
+from morca_env.comparison import equal_speedup_table, matched_label, paired_difference, pending_matched
 from morca_env.data import needs_gpu
 from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode,
                                   scheduler_step_cost)
@@ -121,18 +122,10 @@ def summarise(rows, targets, methods):
     return table
 
 
-def paired_difference(rows, method, baseline, target):
-    a = {r["prompt_index"]: r["psnr"] for r in rows if r["method"] == method and r["target"] == target}
-    b = {r["prompt_index"]: r["psnr"] for r in rows if r["method"] == baseline and r["target"] == target}
-    common = sorted(set(a) & set(b))
-    if not common:
-        return None
-    diff = np.array([a[i] - b[i] for i in common])
-    return float(diff.mean()), float(diff.std()), float(1.96 * diff.std() / np.sqrt(len(diff))), len(diff)
-
-
 def write_tables(out: Path, table, rows, methods, targets, reference_latency,
-                 baselines=("seacache-exact", "seacache-global", "best-fixed")):
+                 baselines=("seacache-exact", "seacache-global", "best-fixed"), own_k=(), matched=()):
+    """table.md / table.csv. `own_k`: the methods that spend their own K, `matched`: the baselines replayed at
+    their K (paired lines at the same K); the methods are also compared at equal measured speedup."""
     # each row's speedup is its own stock timings over its own latencies (timed side by side, so a
     # machine's load cancels); the stock column shows them, the reference row is their overall mean
     lines = ["| target | method | K | latency (s) | stock (s) | speedup | PSNR (dB) | SSIM | LPIPS |",
@@ -152,11 +145,24 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency,
                 if d:
                     notes.append(f"- {method} - {baseline} at {target:.1f}x: {d[0]:+.2f} dB "
                                  f"(std over prompts {d[1]:.2f}, 95% CI ±{d[2]:.2f}, n={d[3]})")
+    for method in [m for m in names if m in own_k]:  # a rule on its own K against each baseline at that K
+        for baseline in matched:
+            for target in targets:
+                d = paired_difference(rows, method, matched_label(baseline, method), target)
+                if d:
+                    notes.append(f"- {method} - {baseline} at {method}'s own K (mean {_mean_k(rows, method, target):.1f})"
+                                 f" at {target:.1f}x: {d[0]:+.2f} dB (std over prompts {d[1]:.2f}, 95% CI ±{d[2]:.2f}, "
+                                 f"n={d[3]})")
     for learned in [m for m in names if m.startswith("morca")]:
         errs = [abs(e["speedup"] - e["target"]) for e in table if e["method"] == learned]
         if errs:
             notes.append(f"- {learned} speedup control: mean |realised - target| = {np.mean(errs):.3f}")
     text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+    reference = next((b for b in baselines if b in names and b not in own_k), None)
+    if reference is not None and len(table) > 1:
+        text += (f"\nAt equal measured speedup (each method's PSNR interpolated per prompt along its own measured "
+                 f"speedup curve, at most 0.1x beyond its ends; difference to {reference}, 95% CI):\n\n"
+                 + "\n".join(equal_speedup_table(rows, names, reference, targets)) + "\n")
     (out / "table.md").write_text(text)
     with open(out / "table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["target", "method", "episodes", "K", "latency_s", "stock_latency_s",
@@ -165,6 +171,10 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency,
         for e in table:
             writer.writerow(e)
     return text
+
+
+def _mean_k(rows, method, target) -> float:
+    return float(np.mean([r["num_reuse"] for r in rows if r["method"] == method and r["target"] == target]))
 
 
 def plot_pareto(out: Path, table):
@@ -217,9 +227,9 @@ def plot_schedules(out: Path, schedules: dict[str, list[int]], title: str):
 def run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record) -> None:
     """The pending episodes, grouped by (target, prompt), on Ray actors (`GroupEvaluator`); each group's rows are
     written as it returns, so a killed run resumes where it stopped. Each actor times its own stock runs."""
-    groups: dict[tuple, list[str]] = {}
-    for target, index, name in todo:
-        groups.setdefault((target, index), []).append(name)
+    groups: dict[tuple, list] = {}
+    for target, index, entry in todo:
+        groups.setdefault((target, index), []).append(entry)
     items = [(target, index, names) for (target, index), names in groups.items()]
     factory_args = (args.env, env.unwrapped.suite, {"lpips": args.lpips, **args.env_kwargs}, methods, pairs, cost,
                     k_cost, args.timing_repeats, env.unwrapped.calibration if args.calibrate else None, threshold_map)
@@ -300,6 +310,8 @@ def main(argv=None) -> int:
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
     todo = [(t, i, m) for t in args.targets for i in range(len(pairs)) for m, _ in methods if (m, t, i) not in done]
+    own_k = {m for m, _ in methods if loaded[m][1] is free_env}
+    matched = [b for b in args.baselines if b in dict(methods) and b not in own_k]
     middle = args.targets[len(args.targets) // 2]
     governors = {(m, t): governor_for(loaded[m][1], t, k_cost[m]) for t in args.targets for m, _ in methods
                  } if args.feedback else {}
@@ -314,22 +326,32 @@ def main(argv=None) -> int:
             f.flush()
             rows.append(row)
 
-        if executor is not None:
-            run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record)
-        for target, index, name in ([] if executor is not None else tqdm(todo, desc="evaluate", unit="episode")):
-            policy, method_env = loaded.for_episode(name, target, index)
-            prompt, seed = pairs[index]
-            if (target, index) not in stock:
-                stock[target, index] = fastest(lambda: stock_seconds(env.unwrapped, prompt, seed),
-                                               args.timing_repeats)
-            governor = governors.get((name, target))
-            requested = governor.request() if governor else target
-            row = evaluate_episode(name, policy, method_env, target, index, pairs[index], requested=requested,
-                                   stock_s=stock[target, index], scheduler_cost_s=cost[name], k_cost_s=k_cost[name],
-                                   timing_repeats=args.timing_repeats)
-            if governor:
-                governor.record(requested, row["stock_latency_s"], row["latency_s"])
-            record(row)
+        def run(todo):
+            """The episodes of `todo`, (target, prompt index, entry): an entry a method's name or, for a matched
+            episode, (label, method name, K)."""
+            if not todo:
+                return None
+            if executor is not None:
+                return run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record)
+            for target, index, entry in tqdm(todo, desc="evaluate", unit="episode"):
+                label, name, budget = (entry, entry, None) if isinstance(entry, str) else entry
+                policy, method_env = loaded.for_episode(name, target, index)
+                prompt, seed = pairs[index]
+                if (target, index) not in stock:
+                    stock[target, index] = fastest(lambda: stock_seconds(env.unwrapped, prompt, seed),
+                                                   args.timing_repeats)
+                governor = governors.get((name, target)) if budget is None else None
+                requested = governor.request() if governor else target
+                row = evaluate_episode(label, policy, method_env, target, index, pairs[index], requested=requested,
+                                       stock_s=stock[target, index], scheduler_cost_s=cost[name],
+                                       k_cost_s=k_cost[name], timing_repeats=args.timing_repeats, budget=budget)
+                if governor:
+                    governor.record(requested, row["stock_latency_s"], row["latency_s"])
+                record(row)
+
+        run(todo)
+        # a method on its own K (a native or global rule) meets each exact-budget baseline at that K too
+        run([(t, i, (label, baseline, k)) for t, i, label, baseline, k in pending_matched(rows, own_k, matched)])
     for index in range(min(args.videos, len(pairs))):  # side-by-side videos at the middle target
         if (args.out / f"video_{index:03d}.mp4").exists():
             continue
@@ -345,7 +367,8 @@ def main(argv=None) -> int:
         write_video(side_by_side(vids, min_height=256), args.out / f"video_{index:03d}.mp4")
     table = summarise(rows, args.targets, methods)
     reference_latency = float(np.mean([r["latency_s"] * r["speedup"] for r in rows])) if rows else 0.0
-    text = write_tables(args.out, table, rows, methods, args.targets, reference_latency, args.baselines)
+    text = write_tables(args.out, table, rows, methods, args.targets, reference_latency, args.baselines,
+                        own_k, matched)
     plot_pareto(args.out, table)
     schedules = schedule_rows(rows, middle)
     if schedules:

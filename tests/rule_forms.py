@@ -44,7 +44,7 @@ def check_forms_in_env(scheduler: str, env, free, **options) -> None:
     for name in forms_of(scheduler):
         policy = policies.make(name, env, **options)
         exact = policies.needs_exact_budget(policy)
-        assert exact == (name != f"{scheduler}-global")
+        assert exact == (name == f"{scheduler}-exact")  # native and global spend their own K
         trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 1.8})
         assert trajectory.requested == trajectory.schedule  # feasible actions only
         if exact:

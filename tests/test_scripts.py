@@ -22,10 +22,14 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
     out = tmp_path / "eval"
     args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
             "--prompts", "2", "--targets", "1.5", "2.0", "--methods", "uniform", "random", "behaviour",
-            "seacache-global", "--videos", "1", "--threads", "1", "--out", str(out)]
+            "seacache-global", "--videos", "1", "--threads", "1", "--out", str(out), "--baselines", "seacache-global",
+            "uniform"]
     run_script(args, tmp_path)
     rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 * 2 * 4
+    assert len(rows) == 2 * 2 * 4 + 2 * 2  # + uniform at each seacache-global episode's own K
+    own = {(r["target"], r["prompt_index"]): r["num_reuse"] for r in rows if r["method"] == "seacache-global"}
+    matched = {(r["target"], r["prompt_index"]): r["num_reuse"] for r in rows if r["method"] == "uniform@seacache-global"}
+    assert matched == own and len(set(own.values())) > 1  # the K's differ, and each is matched
     for row in rows:
         assert row["stock_latency_s"] > 0 and row["speedup"] == pytest.approx(row["stock_latency_s"] / row["latency_s"])
         if row["method"] != "seacache-global":  # the global threshold does not hold K exactly
@@ -34,10 +38,18 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
     assert table.count("| 1.5x |") == 4 and table.count("| 2.0x |") == 4
     for method in ("uniform", "random", "behaviour"):  # every method is paired with the baseline
         assert f"- {method} - seacache-global at 2.0x:" in table
+    assert "- seacache-global - uniform at seacache-global's own K (mean" in table
+    assert "At equal measured speedup" in table and "| seacache-global |" in table
     for name in ("table.csv", "pareto.png", "schedules.png", "video_000.gif", "video_000.mp4"):
         assert (out / name).stat().st_size > 0
     run_script(args, tmp_path)  # everything is done: nothing is appended
     assert len((out / "episodes.jsonl").read_text().splitlines()) == len(rows)
+    lines = (out / "episodes.jsonl").read_text().splitlines()  # killed before its matched episodes: they are run
+    (out / "episodes.jsonl").write_text("".join(line + "\n" for line in lines if "uniform@" not in line))
+    run_script(args, tmp_path)
+    again = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(again) == len(rows) and {(r["target"], r["prompt_index"]): r["num_reuse"] for r in again
+                                        if r["method"] == "uniform@seacache-global"} == own
 
 
 def test_evaluate_rejects_bad_timing_repeats(tmp_path):

@@ -199,7 +199,11 @@ def fitted_threshold_map(rule: Rule, calibration, grid=np.logspace(-5, 5, 401)) 
 
 
 class NativeRule:
-    """The rule at one threshold, step by step, its gates following the executed actions (see the module docstring)."""
+    """The rule at one threshold, step by step, its gates following the executed actions (see the module docstring).
+    It spends its own K, as its authors run it: evaluation gives it a budget-free env; `accelerate`'s mask holds it
+    to K (the mask overrides it where it must)."""
+
+    exact_budget = False
 
     def __init__(self, rule: Rule, threshold: float, source: Source):
         if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and threshold >= 0
@@ -236,8 +240,6 @@ class NativeRule:
 
 class GlobalRule(NativeRule):
     """One threshold per target speedup, g(rho), from the rule's own K(threshold) (see `fitted_threshold_map`)."""
-
-    exact_budget = False
 
     def __init__(self, rule: Rule, source: Source, threshold_map: ThresholdMap | None = None):
         super().__init__(rule, 0.0, source)

@@ -268,8 +268,6 @@ _FITTED: dict = {}  # fitted global maps, per env and rule setting
 class GlobalRuntimeRule(forms.NativeRule):
     """One threshold per target speedup, g(rho): given, or fitted on free runs over training prompts (once per env)."""
 
-    exact_budget = False
-
     def __init__(self, rule: RuntimeRule, source: forms.Source, threshold_map: ThresholdMap | None = None,
                  grid=tuple(np.logspace(-3, 1, 9)), fit_prompts: int = 2):
         super().__init__(rule, 0.0, source)

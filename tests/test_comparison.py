@@ -1,0 +1,46 @@
+"""Paired comparisons: matched episodes at a rule's own K, and PSNR at equal measured speedup."""
+
+import pytest
+
+from morca_env.comparison import (at_speedup, equal_speedup_difference, equal_speedup_table, matched_label,
+                                  pending_matched, speedup_curve)
+
+
+def row(method, target, index, psnr, speedup, k=10):
+    return {"method": method, "target": target, "prompt_index": index, "psnr": psnr, "num_reuse": k,
+            "stock_latency_s": 1.0, "latency_s": 1.0 / speedup}
+
+
+def test_pending_matched_lists_each_own_k_episode_once_per_baseline_at_its_k():
+    rows = [row("rule", 2.0, 0, 30, 2.0, k=7), row("rule", 2.0, 1, 30, 2.0, k=9), row("uniform", 2.0, 0, 30, 2.0),
+            row(matched_label("uniform", "rule"), 2.0, 0, 31, 2.0, k=7)]
+    todo = pending_matched(rows, {"rule"}, ["uniform", "best-fixed"])
+    assert sorted(todo) == [(2.0, 0, "best-fixed@rule", "best-fixed", 7), (2.0, 1, "best-fixed@rule", "best-fixed", 9),
+                            (2.0, 1, "uniform@rule", "uniform", 9)]
+
+
+def test_psnr_is_interpolated_along_the_methods_own_speedup_curve():
+    rows = [row("m", 2.0, 0, 30.0, 1.8), row("m", 2.5, 0, 26.0, 2.2), row("m", 3.0, 0, 20.0, 3.2),
+            row("m", 2.0, 1, 32.0, 1.8), row("m", 2.5, 1, 28.0, 2.2), row("m", 3.0, 1, 22.0, 3.2)]
+    curve = speedup_curve(rows, "m")
+    assert [x for x, _ in curve] == pytest.approx([1.8, 2.2, 3.2])
+    assert at_speedup(curve, 2.0) == pytest.approx({0: 28.0, 1: 30.0})  # halfway between 1.8 and 2.2
+    assert at_speedup(curve, 2.7) == pytest.approx({0: 23.0, 1: 25.0})  # second segment
+    assert at_speedup(curve, 3.3) == pytest.approx({0: 19.4, 1: 21.4})  # beyond the end, within 0.1x
+    assert at_speedup(curve, 3.5) is None and at_speedup(curve, 1.6) is None
+    assert at_speedup(speedup_curve(rows[:1], "m"), 1.85) == {0: 30.0}  # one point: only next to it
+
+
+def test_equal_speedup_charges_a_slower_method_in_speed():
+    # the same PSNR at the same targets, but "slow" runs at 0.8x the speed: at equal speedup it loses
+    rows = []
+    for index in range(3):
+        for target, psnr, speed in ((2.0, 30.0, 2.0), (3.0, 24.0, 3.0)):
+            rows.append(row("fast", target, index, psnr + index, speed))
+            rows.append(row("slow", target, index, psnr + index, 0.8 * speed))
+    mean, (diff, _, ci, n) = equal_speedup_difference(rows, "slow", "fast", 2.4)
+    assert n == 3 and diff == pytest.approx(24.0 - 27.6) and ci == pytest.approx(0.0, abs=1e-9)  # slow: its 3x point; fast: 2/5 of the way from 30 to 24
+    assert equal_speedup_difference(rows, "slow", "fast", 3.0) is None  # slow never gets near 3x
+    lines = equal_speedup_table(rows, ["fast", "slow"], "fast", [2.0, 3.0])
+    assert lines[2].startswith("| fast | 31.00 / - | 25.00 / -")
+    assert "not reached (1.60-2.40x)" in lines[3]
