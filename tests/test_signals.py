@@ -207,3 +207,17 @@ def test_sea_filter_applies_each_axis_once_in_any_order():
     x = torch.randn(1, 3, 4, 6, 8, generator=torch.Generator().manual_seed(1))
     assert torch.allclose(sea_filter(x, 0.4, (4, 2, 3)), sea_filter(x, 0.4, (2, 3, -1)), atol=1e-6)
     assert torch.allclose(sea_filter(x, 0.4, (2, 3, 4)).double(), reference_filter(x, 0.4, (2, 3, 4)), rtol=1e-4, atol=1e-5)
+
+
+def test_tracker_distance_is_relative_l1_per_item_averaged_over_a_batch():
+    """Each video of a batch is measured against its own scale (relative_l1), also inside the tracker."""
+    tracker = StepDistanceTracker("latent")
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(2, 2, 3, 8, 8, generator=g) * torch.tensor([1.0, 5.0]).view(2, 1, 1, 1, 1) for _ in range(3)]
+    sigmas = (0.9, 0.7, 0.5)
+    tracker.observe(xs[0], sigmas[0])
+    for i in (1, 2):
+        expected = relative_l1(sea_filter(xs[i], sigmas[i], (2, 3, 4)), sea_filter(xs[i - 1], sigmas[i - 1], (2, 3, 4)))
+        assert tracker.observe(xs[i], sigmas[i]) == pytest.approx(expected, rel=1e-5)
+    tracker.reset()
+    assert tracker.observe(xs[2], 0.5) == 0.0
