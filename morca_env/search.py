@@ -296,6 +296,31 @@ def search_schedule(env, pairs: Sequence[Pair], budget: int, config: SearchConfi
     return result
 
 
+def transfer_matrix(env, schedules: dict[str, Sequence[int]], pairs: Sequence[Pair],
+                    log_path: str | Path | None = None, progress: bool = True) -> dict[str, list[float]]:
+    """Each schedule's reward on each (prompt, seed) of `pairs`: whether a schedule searched for one pair is good
+    for another (the same prompt under another seed, another prompt) says what an adaptive scheduler would have
+    to know to reach the searched headroom. -> {name: [reward per pair]}; episodes logged at `log_path`."""
+    from tqdm import tqdm
+
+    lengths = {len(s) for s in schedules.values()} | {env.unwrapped.num_steps}
+    budgets = {sum(int(a) for a in s) for s in schedules.values()}
+    if len(lengths) != 1 or len(budgets) != 1:
+        raise ValueError(f"transfer needs schedules of one K and the env's length; got K {sorted(budgets)}, "
+                         f"lengths {sorted(lengths)}")
+    log = EvaluationLog(log_path)
+    rewards: dict[str, list[float]] = {name: [] for name in schedules}
+    for pair in tqdm(pairs, desc="transfer", unit="pair", disable=not progress):
+        value = schedule_objective(env, [pair], log)
+        try:
+            for name, schedule in schedules.items():
+                rewards[name].append(value([int(a) for a in schedule]))
+        finally:
+            for player in value.players.values():
+                player.close()
+    return rewards
+
+
 # ------------------------------------------------------------------ searched episodes as data
 def searched_episodes(directories: Sequence[str | Path], per_search: int | None = None, seed: int = 0,
                       exclude: Sequence[str] = ()) -> list[dict]:

@@ -11,7 +11,7 @@ from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.policies import FixedSchedule, SearchedSchedules, StaticSchedule, UniformInterval
 from morca_env.rollout import rollout
 from morca_env.search import (EvaluationLog, SearchConfig, SearchTask, hill_climb, play_schedule, propose,
-                              schedule_key, search_many, search_schedule)
+                              schedule_key, search_many, search_schedule, transfer_matrix)
 
 
 @pytest.fixture
@@ -215,3 +215,35 @@ def test_validation_keeps_the_fitted_schedule_only_where_it_beats_uniform(env, t
     logged = len((tmp_path / "log.jsonl").read_text().splitlines())
     validated_schedule(env, better, pairs, tmp_path / "log.jsonl")
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == logged == 3
+
+
+def test_transfer_matrix_plays_every_schedule_on_every_pair_and_refuses_mixed_k(env, tmp_path):
+    spec = env.unwrapped.budget_spec
+    uniform = UniformInterval().plan(spec, 6)
+    other = list(uniform)
+    first, last = uniform.index(1), max(i for i in range(1, 19) if uniform[i] == 0)
+    other[first], other[last] = 0, 1  # the same K, another schedule
+    pairs = [("a red circle", 3), ("a blue square", 5)]
+    rewards = transfer_matrix(env, {"uniform": uniform, "other": other}, pairs, tmp_path / "log.jsonl", progress=False)
+    for name, schedule in (("uniform", uniform), ("other", other)):
+        assert rewards[name] == pytest.approx([play_schedule(env, schedule, *pair).reward for pair in pairs], abs=1e-4)
+    assert rewards["uniform"] != rewards["other"]
+    with pytest.raises(ValueError, match="one K"):
+        transfer_matrix(env, {"uniform": uniform, "fewer": UniformInterval().plan(spec, 5)}, pairs, progress=False)
+
+
+def test_transfer_report_groups_gains_by_how_the_pairs_relate():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("headroom_transfer",
+                                                  Path(__file__).resolve().parents[1] / "scripts" / "headroom_transfer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pairs = [("p", 1), ("p", 2), ("q", 1)]
+    # searched for pair a, played on pair b: 10 on its own pair, 4 on the same prompt, 1 on the other prompt
+    rewards = {f"s{a}": [10.0 if a == b else 4.0 if pairs[a][0] == pairs[b][0] else 1.0 for b in range(3)]
+               for a in range(3)}
+    rewards["base"] = [0.0, 0.0, 0.0]
+    gains = module.gains_by_relation(rewards, pairs, ["s0", "s1", "s2"], "base")
+    assert gains == {"own": [10.0, 10.0, 10.0], "same prompt, other seed": [4.0, 4.0], "other prompts": [1.0, 1.0, 1.0]}
