@@ -91,7 +91,7 @@ def equal_speedup_difference(rows, method, baseline, speedup, tolerance=0.1):
 
 def equal_speedup_table(rows, methods, baseline, speedups, tolerance=0.1) -> list[str]:
     """Markdown: every method's PSNR and its difference to `baseline` at each measured speedup."""
-    lines = [f"| method | " + " | ".join(f"{s:.1f}x: PSNR / vs {baseline}" for s in speedups) + " |",
+    lines = ["| method | " + " | ".join(f"{s:.1f}x: PSNR / vs {baseline}" for s in speedups) + " |",
              "|---|" + "---|" * len(speedups)]
     for method in methods:
         curve = speedup_curve(rows, method)

@@ -23,7 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-import morca_env  # noqa: F401
+import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.policies import StaticSchedule, UniformInterval
 from morca_env.prompts import get_suite
