@@ -110,3 +110,23 @@ def equal_speedup_table(rows, methods, baseline, speedups, tolerance=0.1) -> lis
                 cells.append(f"{found[0]:.2f} / {d[0]:+.2f} ± {d[2]:.2f}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
+
+
+def same_k_table(rows, methods, baseline, targets, own_k=()) -> list[str]:
+    """Markdown: per method and target, mean K / PSNR / the paired difference to `baseline` at the same K (for a
+    method in `own_k`, against the baseline's matched episodes at its own K, marked "own K")."""
+    lines = ["| method | " + " | ".join(f"{t:.1f}x: K / PSNR / vs {baseline}" for t in targets) + " |",
+             "|---|" + "---|" * len(targets)]
+    for method in methods:
+        cells = []
+        for target in targets:
+            sel = [r for r in rows if r["method"] == method and r["target"] == target]
+            if not sel:
+                cells.append("-")
+                continue
+            reference = matched_label(baseline, method) if method in own_k else baseline
+            d = None if method == baseline else paired_difference(rows, method, reference, target)
+            cells.append(f"{np.mean([r['num_reuse'] for r in sel]):.1f} / {np.mean([r['psnr'] for r in sel]):.2f} / "
+                         + ("-" if d is None else f"{d[0]:+.2f} ± {d[2]:.2f}") + (" (own K)" if method in own_k else ""))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines

@@ -47,7 +47,8 @@ from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
-from morca_env.comparison import equal_speedup_table, matched_label, paired_difference, pending_matched
+from morca_env.comparison import (equal_speedup_table, matched_label, paired_difference, pending_matched,
+                                  same_k_table)
 from morca_env.data import needs_gpu
 from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode,
                                   scheduler_step_cost)
@@ -159,6 +160,11 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency,
             notes.append(f"- {learned} speedup control: mean |realised - target| = {np.mean(errs):.3f}")
     text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
     reference = next((b for b in baselines if b in names and b not in own_k), None)
+    if reference is not None and len(names) > 1:
+        text += (f"\nAt the same K (mean K / PSNR / difference to {reference}, 95% CI; a method on its own K is "
+                 f"compared with {reference} replayed at that K):\n\n"
+                 + "\n".join(same_k_table(rows, names, reference, targets,
+                                           own_k if reference in matched else ())) + "\n")
     if reference is not None and len(table) > 1:
         text += (f"\nAt equal measured speedup (each method's PSNR interpolated per prompt along its own measured "
                  f"speedup curve, at most 0.1x beyond its ends; difference to {reference}, 95% CI):\n\n"

@@ -44,3 +44,14 @@ def test_equal_speedup_charges_a_slower_method_in_speed():
     lines = equal_speedup_table(rows, ["fast", "slow"], "fast", [2.0, 3.0])
     assert lines[2].startswith("| fast | 31.00 / - | 25.00 / -")
     assert "not reached (1.60-2.40x)" in lines[3]
+
+
+def test_same_k_table_compares_an_own_k_method_with_the_baseline_at_its_k():
+    from morca_env.comparison import same_k_table
+
+    rows = [row("base", 2.0, i, 30.0 + i, 2.0, k=10) for i in range(2)]
+    rows += [row("rule", 2.0, i, 29.0 + i, 2.0, k=8) for i in range(2)]  # own K 8: 1 dB below base at K 10
+    rows += [row(matched_label("base", "rule"), 2.0, i, 28.0 + i, 2.0, k=8) for i in range(2)]  # base at K 8
+    lines = same_k_table(rows, ["base", "rule"], "base", [2.0], own_k={"rule"})
+    assert lines[2] == "| base | 10.0 / 30.50 / - |"
+    assert lines[3] == "| rule | 8.0 / 29.50 / +1.00 ± 0.00 (own K) |"  # against the matched episodes, not base

@@ -40,6 +40,7 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
         assert f"- {method} - seacache-global at 2.0x:" in table
     assert "- seacache-global - uniform at seacache-global's own K (mean" in table
     assert "At equal measured speedup" in table and "| seacache-global |" in table
+    assert "At the same K" in table and "(own K)" in table
     for name in ("table.csv", "pareto.png", "schedules.png", "video_000.gif", "video_000.mp4"):
         assert (out / name).stat().st_size > 0
     run_script(args, tmp_path)  # everything is done: nothing is appended
