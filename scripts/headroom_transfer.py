@@ -75,7 +75,8 @@ def plot(out: Path, rewards, pairs, searched, baseline) -> None:
     image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit)
     ax.set_xlabel("played on (prompt, seed)")
     ax.set_ylabel("searched for (prompt, seed)")
-    labels = [f"p{sorted(dict.fromkeys(p for p, _ in pairs)).index(p)} s{s % 100}" for p, s in pairs]
+    prompts = list(dict.fromkeys(prompt for prompt, _ in pairs))  # p<i>: the suite's i-th prompt, s<j>: its j-th seed
+    labels = [f"p{prompts.index(prompt)} s{[q for q, _ in pairs[:b]].count(prompt)}" for b, (prompt, _) in enumerate(pairs)]
     ax.set_xticks(range(len(pairs)), labels, rotation=90, fontsize=7)
     ax.set_yticks(range(len(pairs)), labels, fontsize=7)
     fig.colorbar(image, label=f"PSNR - {baseline} (dB)")
