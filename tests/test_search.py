@@ -247,3 +247,5 @@ def test_transfer_report_groups_gains_by_how_the_pairs_relate():
     rewards["base"] = [0.0, 0.0, 0.0]
     gains = module.gains_by_relation(rewards, pairs, ["s0", "s1", "s2"], "base")
     assert gains == {"own": [10.0, 10.0, 10.0], "same prompt, other seed": [4.0, 4.0], "other prompts": [1.0, 1.0, 1.0]}
+    chosen = module.library_choice({**rewards, "base": [5.0, 0.0, 0.0]}, pairs, ["s0", "s1", "s2"], ["base"])
+    assert chosen == [5.0, 1.0, 1.0]  # pair 0: the baseline beats the other prompt's schedule; pair 2: q's own is excluded
