@@ -20,9 +20,10 @@ def matched_label(baseline: str, method: str) -> str:
     return f"{baseline}{MATCHED}{method}"
 
 
-def pending_matched(rows, own_k_methods, baselines) -> list[tuple[float, int, str, str, int]]:
-    """Matched episodes still to run, as (target, prompt index, label, baseline, K): one per own-K row and
-    baseline that has none yet (a resumed run finishes what a killed one left)."""
+def pending_matched(rows, own_k_methods, baselines) -> list[tuple[float, int, tuple[str, str, int, float]]]:
+    """Matched episodes still to run, as work items (target, prompt index, (label, baseline, K, stock seconds)):
+    one per own-K row and baseline that has none yet (a resumed run finishes what a killed one left). The stock
+    latency is the own-K row's: a matched episode is compared in PSNR only, so nothing is timed again for it."""
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
     todo = []
     for row in rows:
@@ -31,7 +32,8 @@ def pending_matched(rows, own_k_methods, baselines) -> list[tuple[float, int, st
         for baseline in baselines:
             label = matched_label(baseline, row["method"])
             if (label, row["target"], row["prompt_index"]) not in done:
-                todo.append((row["target"], row["prompt_index"], label, baseline, int(row["num_reuse"])))
+                todo.append((row["target"], row["prompt_index"],
+                             (label, baseline, int(row["num_reuse"]), float(row["stock_latency_s"]))))
                 done.add((label, row["target"], row["prompt_index"]))
     return todo
 

@@ -125,10 +125,12 @@ def evaluate_episode(name: str, policy, method_env, target: float, index: int, p
                      stock_s: float, scheduler_cost_s: float, k_cost_s: float, timing_repeats: int,
                      budget: int | None = None) -> dict:
     """Run one method's episode for (target, prompt `index`) and return its row of `episodes.jsonl`. With
-    `budget`, the episode runs at that K instead of the target's (a matched episode, `name` its label)."""
+    `budget`, the episode runs at that K instead of the target's (a matched episode, `name` its label), timed
+    once: it is compared in PSNR only."""
     prompt, seed = pair
     options = ({"budget": budget} if budget is not None
                else {"speedup": requested, "scheduler_cost_s": k_cost_s})
+    timing_repeats = 1 if budget is not None else timing_repeats
     info, latency, policy_time, setup_time = timed_episode(method_env, policy, {"prompt": prompt, "seed": seed,
                                                                                **options}, timing_repeats)
     row = {"method": name, "target": target, "prompt_index": index, "prompt": prompt, "seed": seed,
@@ -140,6 +142,13 @@ def evaluate_episode(name: str, policy, method_env, target: float, index: int, p
     if "lpips" in info:
         row["lpips"] = info["lpips"]
     return row
+
+
+def work_entry(entry) -> tuple:
+    """An evaluation work item's entry as (label, method name, K or None, stock seconds or None): a method's name
+    (its episode at the item's target, timed next to a stock run), or a matched episode's
+    (label, method name, K, stock seconds of the episode it is matched to) (`comparison.pending_matched`)."""
+    return (entry, entry, None, None) if isinstance(entry, str) else tuple(entry)
 
 
 class GroupEvaluator:
@@ -159,16 +168,17 @@ class GroupEvaluator:
         self.pairs, self.cost, self.k_cost, self.timing_repeats = pairs, cost, k_cost, timing_repeats
 
     def __call__(self, item) -> list[dict]:
-        """`item`: (target, prompt index, entries), an entry a method's name or, for a matched episode,
-        (label, method name, K)."""
+        """`item`: (target, prompt index, entries), each entry as `work_entry` reads it."""
         target, index, entries = item
         prompt, seed = self.pairs[index]
-        stock_s = fastest(lambda: stock_seconds(self.env.unwrapped, prompt, seed), self.timing_repeats)
+        entries = [work_entry(entry) for entry in entries]
+        stock_s = (fastest(lambda: stock_seconds(self.env.unwrapped, prompt, seed), self.timing_repeats)
+                   if any(entry[3] is None for entry in entries) else None)
         rows = []
-        for entry in entries:
-            label, name, budget = (entry, entry, None) if isinstance(entry, str) else entry
+        for label, name, budget, given_stock_s in entries:
             rows.append(evaluate_episode(label, *self.methods.for_episode(name, target, index), target, index,
-                                         self.pairs[index], requested=target, stock_s=stock_s,
+                                         self.pairs[index], requested=target,
+                                         stock_s=given_stock_s if given_stock_s is not None else stock_s,
                                          scheduler_cost_s=self.cost[name], k_cost_s=self.k_cost[name],
                                          timing_repeats=self.timing_repeats, budget=budget))
         return rows

@@ -51,7 +51,7 @@ from morca_env.comparison import (equal_speedup_table, matched_label, paired_dif
                                   same_k_table)
 from morca_env.data import needs_gpu
 from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode,
-                                  scheduler_step_cost)
+                                  scheduler_step_cost, work_entry)
 from morca_env.executors import WorkerFailed, add_ray_arguments, executor_from_args
 from morca_env.governor import SpeedupGovernor
 from morca_env.calibrate import load_threshold_map
@@ -342,31 +342,31 @@ def main(argv=None) -> int:
             rows.append(row)
 
         def run(todo):
-            """The episodes of `todo`, (target, prompt index, entry): an entry a method's name or, for a matched
-            episode, (label, method name, K)."""
+            """The episodes of `todo`, (target, prompt index, entry), an entry as `work_entry` reads it."""
             if not todo:
                 return None
             if executor is not None:
                 return run_on_ray(executor, args, methods, pairs, cost, k_cost, todo, threshold_map, env, record)
             for target, index, entry in tqdm(todo, desc="evaluate", unit="episode"):
-                label, name, budget = (entry, entry, None) if isinstance(entry, str) else entry
+                label, name, budget, given_stock_s = work_entry(entry)
                 policy, method_env = loaded.for_episode(name, target, index)
                 prompt, seed = pairs[index]
-                if (target, index) not in stock:
+                if (target, index) not in stock and given_stock_s is None:
                     stock[target, index] = fastest(lambda: stock_seconds(env.unwrapped, prompt, seed),
                                                    args.timing_repeats)
                 governor = governors.get((name, target)) if budget is None else None
                 requested = governor.request() if governor else target
                 row = evaluate_episode(label, policy, method_env, target, index, pairs[index], requested=requested,
-                                       stock_s=stock[target, index], scheduler_cost_s=cost[name],
-                                       k_cost_s=k_cost[name], timing_repeats=args.timing_repeats, budget=budget)
+                                       stock_s=given_stock_s if given_stock_s is not None else stock[target, index],
+                                       scheduler_cost_s=cost[name], k_cost_s=k_cost[name],
+                                       timing_repeats=args.timing_repeats, budget=budget)
                 if governor:
                     governor.record(requested, row["stock_latency_s"], row["latency_s"])
                 record(row)
 
         run(todo)
         # a method on its own K (a native or global rule) meets each exact-budget baseline at that K too
-        run([(t, i, (label, baseline, k)) for t, i, label, baseline, k in pending_matched(rows, own_k, matched)])
+        run(pending_matched(rows, own_k, matched))
     for index in range(min(args.videos, len(pairs))):  # side-by-side videos at the middle target
         if (args.out / f"video_{index:03d}.mp4").exists():
             continue

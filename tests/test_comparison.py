@@ -15,8 +15,10 @@ def test_pending_matched_lists_each_own_k_episode_once_per_baseline_at_its_k():
     rows = [row("rule", 2.0, 0, 30, 2.0, k=7), row("rule", 2.0, 1, 30, 2.0, k=9), row("uniform", 2.0, 0, 30, 2.0),
             row(matched_label("uniform", "rule"), 2.0, 0, 31, 2.0, k=7)]
     todo = pending_matched(rows, {"rule"}, ["uniform", "best-fixed"])
-    assert sorted(todo) == [(2.0, 0, "best-fixed@rule", "best-fixed", 7), (2.0, 1, "best-fixed@rule", "best-fixed", 9),
-                            (2.0, 1, "uniform@rule", "uniform", 9)]
+    # each at the rule episode's K, with its stock timing (nothing is timed again for a matched episode)
+    assert sorted(todo) == [(2.0, 0, ("best-fixed@rule", "best-fixed", 7, 1.0)),
+                            (2.0, 1, ("best-fixed@rule", "best-fixed", 9, 1.0)),
+                            (2.0, 1, ("uniform@rule", "uniform", 9, 1.0))]
 
 
 def test_psnr_is_interpolated_along_the_methods_own_speedup_curve():
