@@ -167,7 +167,7 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency,
                                            own_k if reference in matched else ())) + "\n")
     if reference is not None and len(table) > 1:
         text += (f"\nAt equal measured speedup (each method's PSNR interpolated per prompt along its own measured "
-                 f"speedup curve, at most 0.1x beyond its ends; difference to {reference}, 95% CI):\n\n"
+                 f"speedup curve; within 0.1x beyond its ends, the end point's; difference to {reference}, 95% CI):\n\n"
                  + "\n".join(equal_speedup_table(rows, names, reference, targets)) + "\n")
     (out / "table.md").write_text(text)
     with open(out / "table.csv", "w", newline="") as f:

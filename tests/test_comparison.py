@@ -28,7 +28,8 @@ def test_psnr_is_interpolated_along_the_methods_own_speedup_curve():
     assert [x for x, _ in curve] == pytest.approx([1.8, 2.2, 3.2])
     assert at_speedup(curve, 2.0) == pytest.approx({0: 28.0, 1: 30.0})  # halfway between 1.8 and 2.2
     assert at_speedup(curve, 2.7) == pytest.approx({0: 23.0, 1: 25.0})  # second segment
-    assert at_speedup(curve, 3.3) == pytest.approx({0: 19.4, 1: 21.4})  # beyond the end, within 0.1x
+    assert at_speedup(curve, 3.3) == pytest.approx({0: 20.0, 1: 22.0})  # beyond the end, within 0.1x: the end's
+    assert at_speedup(curve, 1.75) == pytest.approx({0: 30.0, 1: 32.0})
     assert at_speedup(curve, 3.5) is None and at_speedup(curve, 1.6) is None
     assert at_speedup(speedup_curve(rows[:1], "m"), 1.85) == {0: 30.0}  # one point: only next to it
 
