@@ -290,6 +290,9 @@ def main(argv=None) -> int:
                         "speedup by the speedups realised so far (drift on a shared machine); rebuilt on resume")
     p.add_argument("--baselines", nargs="+", default=["seacache-exact", "seacache-global", "best-fixed"],
                    help="methods the others are compared with in paired differences (95%% CIs over prompts)")
+    p.add_argument("--no-matched", action="store_true",
+                   help="skip the matched episodes (each exact-budget baseline replayed at every own-K episode's K, "
+                        "for same-K differences of native and global rules; ~0.6 s each on MorcaTiny)")
     p.add_argument("--same-k", action="store_true",
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
@@ -326,7 +329,7 @@ def main(argv=None) -> int:
     done = {(r["method"], r["target"], r["prompt_index"]) for r in rows}
     todo = [(t, i, m) for t in args.targets for i in range(len(pairs)) for m, _ in methods if (m, t, i) not in done]
     own_k = {m for m, _ in methods if loaded[m][1] is free_env}
-    matched = [b for b in args.baselines if b in dict(methods) and b not in own_k]
+    matched = [] if args.no_matched else [b for b in args.baselines if b in dict(methods) and b not in own_k]
     middle = args.targets[len(args.targets) // 2]
     governors = {(m, t): governor_for(loaded[m][1], t, k_cost[m]) for t in args.targets for m, _ in methods
                  } if args.feedback else {}

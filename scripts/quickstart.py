@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     run("3/4 online fine-tuning", online_args, env)
     run("4/4 evaluate", ["scripts/evaluate.py", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
                          "--calibrate", str(sizes["calibration_rounds"]), "--timing-repeats", str(sizes["timing_repeats"]),
-                         "--feedback", *lean_env(sizes["features"]),
+                         "--feedback", "--no-matched", *lean_env(sizes["features"]),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "best-fixed", "seacache-global",
                          f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")

@@ -47,6 +47,8 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
     assert len((out / "episodes.jsonl").read_text().splitlines()) == len(rows)
     lines = (out / "episodes.jsonl").read_text().splitlines()  # killed before its matched episodes: they are run
     (out / "episodes.jsonl").write_text("".join(line + "\n" for line in lines if "uniform@" not in line))
+    run_script(args + ["--no-matched"], tmp_path)  # asked not to: nothing runs
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == len(rows) - 4
     run_script(args, tmp_path)
     again = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(again) == len(rows) and {(r["target"], r["prompt_index"]): r["num_reuse"] for r in again
