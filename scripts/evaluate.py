@@ -163,8 +163,7 @@ def write_tables(out: Path, table, rows, methods, targets, reference_latency,
     if reference is not None and len(names) > 1:
         text += (f"\nAt the same K (mean K / PSNR / difference to {reference}, 95% CI; a method on its own K is "
                  f"compared with {reference} replayed at that K):\n\n"
-                 + "\n".join(same_k_table(rows, names, reference, targets,
-                                           own_k if reference in matched else ())) + "\n")
+                 + "\n".join(same_k_table(rows, names, reference, targets, own_k)) + "\n")
     if reference is not None and len(table) > 1:
         text += (f"\nAt equal measured speedup (each method's PSNR interpolated per prompt along its own measured "
                  f"speedup curve; within 0.1x beyond its ends, the end point's; difference to {reference}, 95% CI):\n\n"
