@@ -152,8 +152,9 @@ def work_entry(entry) -> tuple:
 
 
 class GroupEvaluator:
-    """One Ray actor's evaluation: its own envs and methods; per item (target, prompt index, method names) it
-    times one stock generation and runs those methods' episodes at the target (open loop), returning the rows.
+    """One Ray actor's evaluation: its own envs and methods; per item (target, prompt index, entries) it times one
+    stock generation (unless every entry is a matched episode, which brings its own) and runs the entries'
+    episodes (`work_entry`; open loop), returning the rows.
 
     `cost` / `k_cost` (seconds per step per method) are measured once by the driver, so every actor
     converts targets to K alike; `calibration` / `threshold_map`, when given, replace the installed ones.

@@ -17,6 +17,10 @@ without --calibrate), any other name of `morca_env.policies.SCHEDULERS`,
 (a scheduler with options under its own label, e.g. `acid-tea='{"name": "acid-exact", "rule": "teacache"}'`). Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
 `table.md`, `table.csv`, `pareto.png`, `schedules.png` and side-by-side videos.
+A method that spends its own K (a native or global rule) gets each exact-budget `--baselines` method
+replayed at every one of its episodes' K (`<baseline>@<method>` rows; `--no-matched` skips them), so
+`table.md`'s same-K table compares schedules, not budgets; its equal-speedup table compares every
+method at the same measured speedup (`morca_env.comparison`).
 Speedup = mean stock no-cache latency / mean episode latency over the prompts, each
 stock generation timed in the same run just before that prompt's episodes
 (`--timing-repeats R`: every timing is the fastest of R back-to-back runs;
