@@ -47,12 +47,15 @@ class SearchConfig:
         max_shift: a near move shifts one element by 1 .. max_shift free steps.
         far_fraction: share of proposals that swap a random reuse with a random recompute step.
         seed: seed of the proposal RNG (the same seed retraces the same search).
+        frozen_prefix: the first this many steps are never moved (they keep the start schedule's actions): a
+            scheduler that picks a schedule after watching those steps of the run needs its choices to share them.
     """
 
     evaluations: int = 150
     max_shift: int = 3
     far_fraction: float = 0.25
     seed: int = 0
+    frozen_prefix: int = 0
 
     def __post_init__(self):
         if isinstance(self.evaluations, bool) or not isinstance(self.evaluations, int) or self.evaluations < 1:
@@ -61,6 +64,8 @@ class SearchConfig:
             raise ValueError(f"max_shift={self.max_shift!r} must be a positive integer")
         if not 0.0 <= self.far_fraction <= 1.0:
             raise ValueError(f"far_fraction={self.far_fraction!r} must be in [0, 1]")
+        if isinstance(self.frozen_prefix, bool) or not isinstance(self.frozen_prefix, int) or self.frozen_prefix < 0:
+            raise ValueError(f"frozen_prefix={self.frozen_prefix!r} must be a non-negative integer")
 
 
 @dataclass
@@ -233,7 +238,7 @@ def validated_schedule(env, fitted: Sequence[int], pairs: Sequence[Pair], log_pa
 
 def propose(schedule: list[int], spec: BudgetSpec, rng: np.random.Generator, config: SearchConfig) -> list[int] | None:
     """A swap neighbour of `schedule` (same K, forced steps untouched), or None when none was found."""
-    free = [i for i in range(spec.num_steps) if i not in spec.forced]
+    free = [i for i in range(config.frozen_prefix, spec.num_steps) if i not in spec.forced]
     reuse = [f for f, i in enumerate(free) if schedule[i]]
     recompute = [f for f, i in enumerate(free) if not schedule[i]]
     if not reuse or not recompute:
@@ -260,6 +265,10 @@ def hill_climb(value: Callable[[list[int]], float], spec: BudgetSpec, budget: in
     spec.check_budget(budget)
     rng = np.random.default_rng(config.seed)
     current = list(start) if start is not None else UniformInterval().plan(spec, budget)
+    if start is not None and (len(current) != spec.num_steps or sum(current) != budget
+                              or any(current[i] for i in spec.forced)):
+        raise ValueError(f"start schedule {schedule_key(current)} must have {spec.num_steps} steps, K = {budget} "
+                         f"reuses (it has {sum(current)}) and none on the forced steps {sorted(spec.forced)}")
     best = start_value = value(current)
     seen = {schedule_key(current)}
     history = [best]
@@ -358,11 +367,13 @@ def searched_episodes(directories: Sequence[str | Path], per_search: int | None 
 # ------------------------------------------------------------------ many searches, in parallel
 @dataclass(frozen=True)
 class SearchTask:
-    """One search: a name (its files are <out>/<name>.jsonl and <name>.json), the pairs and the budget."""
+    """One search: a name (its files are <out>/<name>.jsonl and <name>.json), the pairs, the budget and the
+    schedule it starts from (None: uniform spacing)."""
 
     name: str
     pairs: tuple[Pair, ...]
     budget: int
+    start: tuple[int, ...] | None = None
 
 
 _WORKER_ENV = None
@@ -386,7 +397,8 @@ def _init_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | 
 
 def _search_task(args) -> dict:
     task, config, out = args
-    result = search_schedule(_WORKER_ENV, task.pairs, task.budget, config, Path(out) / f"{task.name}.jsonl")
+    result = search_schedule(_WORKER_ENV, task.pairs, task.budget, config, Path(out) / f"{task.name}.jsonl",
+                             start=None if task.start is None else list(task.start))
     return json.loads(json.dumps({"name": task.name, **result.to_dict(), "config": asdict(config)}))  # as read back
 
 
