@@ -113,12 +113,22 @@ class StaticSchedule(_FixedSchedule):
         schedule = list(self.schedules[nearest])
         if len(schedule) != spec.num_steps:
             raise ValueError(f"fixed schedules were fitted for {len(schedule)} steps, this env has {spec.num_steps}")
-        free = [i for i in range(spec.num_steps) if i not in spec.forced]
-        while sum(schedule) < budget:  # turn the recompute farthest from reuses (then most crowded) into a reuse
-            schedule[max((i for i in free if not schedule[i]), key=lambda i: _spacing(schedule, i))] = 1
-        while sum(schedule) > budget:  # and back: the reuse farthest from recomputes (then most crowded)
-            schedule[max((i for i in free if schedule[i]), key=lambda i: _spacing(schedule, i))] = 0
-        return schedule
+        return adjust_reuses(schedule, spec, budget)
+
+
+def adjust_reuses(schedule, spec: BudgetSpec, budget: int, first: int = 0) -> list[int]:
+    """`schedule` with reuses added or removed (on free steps from `first` on) until it has `budget`: a schedule
+    fitted at a neighbouring K, moved as little as possible and keeping the recomputes evenly spaced."""
+    schedule = [int(a) for a in schedule]
+    free = [i for i in range(first, spec.num_steps) if i not in spec.forced]
+    if not sum(schedule[i] for i in range(spec.num_steps) if i not in free) <= budget <= sum(schedule) + sum(
+            1 for i in free if not schedule[i]):
+        raise ValueError(f"K = {budget} cannot be reached by changing steps {first}.. of {schedule}")
+    while sum(schedule) < budget:  # turn the recompute farthest from reuses (then most crowded) into a reuse
+        schedule[max((i for i in free if not schedule[i]), key=lambda i: _spacing(schedule, i))] = 1
+    while sum(schedule) > budget:  # and back: the reuse farthest from recomputes (then most crowded)
+        schedule[max((i for i in free if schedule[i]), key=lambda i: _spacing(schedule, i))] = 0
+    return schedule
 
 
 def _spacing(schedule: list[int], i: int) -> tuple[int, int, int]:
@@ -473,6 +483,15 @@ def _threshold_map(env, name, threshold_map=None):
     return load_threshold_map(_model_of(env, name))
 
 
+def _library(env, path):
+    """A schedule library with its selector (`morca_env.library`): the shipped one for the env, or `path`'s."""
+    from .library import LibraryScheduler
+
+    if env is None:
+        raise ValueError("scheduler 'library' reads the run from the env: make('library', env=env)")
+    return LibraryScheduler.from_file(path, env) if path is not None else LibraryScheduler.packaged(env)
+
+
 def _learned(kind: str):
     def build(env=None, path=None, **kwargs):
         if path is None:
@@ -505,6 +524,7 @@ SCHEDULERS = {
     "best-fixed": lambda env=None, path=None: (StaticSchedule.from_file(path) if path is not None
                                                else StaticSchedule.packaged(_model_of(env, "best-fixed"))),
     "searched": lambda env=None, path=None: SearchedSchedules(path),
+    "library": lambda env=None, path=None: _library(env, path),
     "seacache": lambda env=None, delta=None: SeaCacheThreshold(delta),
     "seacache-global": lambda env=None, threshold_map=None: GlobalSeaCache(_threshold_map(env, "seacache-global",
                                                                                         threshold_map)),
