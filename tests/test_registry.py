@@ -13,7 +13,7 @@ from morca_env.rollout import rollout
 KWARGS = {"random": {"seed": 0}, "fixed": {"schedule": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]},
           "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]},
           "mixture": {"components": [{"name": "uniform"}, {"name": "seacache", "delta": 0.2}], "seed": 0}}
-NEEDS_FILES = ("best-fixed", "jittered-best-fixed", "searched", "replay", "morca", "reinforce")  # covered below, in test_search, test_agents
+NEEDS_FILES = ("best-fixed", "jittered-best-fixed", "searched", "replay", "morca", "reinforce", "library")  # covered below, in test_search, test_agents, test_library
 
 
 @pytest.fixture
