@@ -1,0 +1,130 @@
+"""Is the per-run best schedule a smooth function of the run's noise? (what a selector could ever learn)
+
+    python scripts/headroom_sensitivity.py --library runs/selector/selector.json --runs 40 --workers 2 \
+        --out runs/sensitivity
+
+A selector that reads the run (`morca_env.library`) can only pick well if runs that look alike want the same
+schedule. This measures it directly: each label run of a `scripts/headroom_selector.py` result is replayed with
+its initial noise nudged, x_T' = (x_T + eps z) / sqrt(1 + eps^2) (z a fixed independent draw), the reference
+and every library member regenerated, and the members' gains over member 0 compared with the unperturbed run's.
+Reported per eps: the correlation of the gains, and the gain of playing on the nudged run the member that was best
+on the original one (an oracle that knows a run eps away). If that gain falls to zero at small eps, the per-run
+optimum is chaotic in the noise and no causal feature can predict it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.io import atomic_write_text
+from morca_env.threads import configure_threads
+
+_ENV = None
+
+
+def _init(env_id: str, env_kwargs: dict, threads: int, parent: int) -> None:
+    global _ENV
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from morca_env.data import exit_with_parent
+
+    exit_with_parent(parent)
+    torch.set_num_threads(threads)
+    _ENV = gym.make(env_id, **{"lpips": False, "latent_features": False, **env_kwargs}).unwrapped
+
+
+def nudged_psnrs(job) -> tuple[int, float, list[float]]:
+    """PSNR of each member on (prompt, seed) with the noise nudged by eps, against that run's own reference."""
+    from morca_env.denoiser import StepwiseDenoiser
+    from morca_env.metrics import to_uint8, video_metrics
+
+    index, prompt, seed, eps, members = job
+    env = _ENV
+    den = StepwiseDenoiser(env.pipe, env.config, device=env.device)
+    try:
+        noise = den.start(prompt=prompt, seed=seed).clone()
+        z = torch.randn(noise.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=noise.dtype)
+        latents = (noise + eps * z) / float(np.sqrt(1 + eps ** 2))
+        reference = to_uint8(den.generate(None, prompt=prompt, seed=seed, latents=latents))
+        psnrs = []
+        for schedule in members:
+            video = to_uint8(den.generate(schedule, prompt=prompt, seed=seed, latents=latents))
+            psnrs.append(min(float(video_metrics(video, reference, None)["psnr"]), env.r_max))
+    finally:
+        den.close()
+    return index, eps, psnrs
+
+
+def main(argv=None) -> int:
+    show_library_messages()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", type=json_dict, default={})
+    p.add_argument("--library", type=Path, required=True, help="selector.json of scripts/headroom_selector.py")
+    p.add_argument("--members", type=positive_int, default=5, help="first library members compared")
+    p.add_argument("--runs", type=positive_int, default=40, help="first label runs replayed")
+    p.add_argument("--eps", type=float, nargs="+", default=[0.0, 0.02, 0.1, 0.3])
+    p.add_argument("--workers", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if any(e < 0 for e in args.eps):
+        p.error(f"--eps {args.eps}: every eps must be >= 0")
+    args.threads = configure_threads(args.threads, workers=args.workers)
+    data = json.loads(args.library.read_text())
+    members = [data["library"][m] for m in data["members"][:args.members]]
+    pairs = data["label"]["pairs"][:args.runs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "psnr.jsonl"
+    done = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[row["run"], row["eps"]] = row["psnr"]
+    jobs = [(b, prompt, int(seed), float(eps), members) for b, (prompt, seed) in enumerate(pairs)
+            for eps in args.eps if (b, float(eps)) not in done]
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    with mp.get_context("fork").Pool(args.workers, initializer=_init,
+                                     initargs=(args.env, args.env_kwargs, args.threads, os.getpid())) as pool, open(log, "a") as f:
+        for b, eps, psnrs in tqdm(pool.imap_unordered(nudged_psnrs, jobs), total=len(jobs), desc="nudged runs"):
+            done[b, eps] = psnrs
+            f.write(json.dumps({"run": b, "eps": eps, "psnr": psnrs}) + "\n")
+            f.flush()
+    grid = {eps: np.array([done[b, float(eps)] for b in range(len(pairs))]) for eps in args.eps}
+    base = grid[args.eps[0]]
+    base_gain = base[:, 1:] - base[:, :1]
+    best_on_base = base.argmax(axis=1)
+    lines = [f"{len(pairs)} runs, members {data['members'][:args.members]} (K {data['budget']}); gains over member 0 "
+             f"in dB; the first eps ({args.eps[0]}) is the reference run", "",
+             "| eps | correlation of gains with the reference run's | oracle on this run | member best on the "
+             "reference run, played here |", "|---|---|---|---|"]
+    for eps, psnr in grid.items():
+        gain = psnr[:, 1:] - psnr[:, :1]
+        corr = float(np.corrcoef(gain.ravel(), base_gain.ravel())[0, 1])
+        oracle = psnr.max(axis=1) - psnr[:, 0]
+        carried = psnr[np.arange(len(psnr)), best_on_base] - psnr[:, 0]
+        ci = lambda v: f"{v.mean():+.2f} ± {1.96 * v.std(ddof=1) / np.sqrt(len(v)):.2f}"
+        lines.append(f"| {eps} | {corr:.2f} | {ci(oracle)} | {ci(carried)} |")
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(args.out / "sensitivity.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
