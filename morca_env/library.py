@@ -112,6 +112,23 @@ def switch_features(denoiser, prefix: Sequence[int], prompt: str, seed: int) -> 
     return reader.read()
 
 
+def no_cache_profile(denoiser, prompt: str, seed: int) -> np.ndarray:
+    """Not causal, an upper bound's features: over the whole run without reuse, the relative change of the
+    model output and of the predicted clean video at every step (2 (N - 1) values): where this run's
+    trajectory moves fast, which a reuse error depends on, known in advance."""
+    denoiser.start(prompt=prompt, seed=int(seed))
+    velocities, predictions = [], []
+    with torch.no_grad():
+        for i in range(denoiser.num_steps):
+            latents = denoiser.latents
+            denoiser.step(reuse=False)
+            velocities.append(denoiser.last_velocity)
+            predictions.append(latents - denoiser.sigma(i) * denoiser.last_velocity)
+        scale = predictions[-1].norm().clamp_min(1e-8)
+        return np.array([float((b - a).norm() / a.norm().clamp_min(1e-8)) for a, b in zip(velocities, velocities[1:])]
+                        + [float((b - a).norm() / scale) for a, b in zip(predictions, predictions[1:])])
+
+
 # ------------------------------------------------------------------ schedules on many runs, in workers
 _ENV = None
 
@@ -131,7 +148,7 @@ def _init(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None) -
 
 
 def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
-    index, (prompt, seed), schedules, prefix, log_path = job
+    index, (prompt, seed), schedules, prefix, profile, log_path = job
     log = EvaluationLog(log_path)
     player = None
     rewards = []
@@ -144,14 +161,17 @@ def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
                 reward, psnr = player.play(schedule)
                 log.add(prompt, seed, key, reward, psnr)
             rewards.append(reward)
-        features = None
-        if prefix:
+        features = {}
+        if prefix or profile:
             from .denoiser import StepwiseDenoiser
 
             env = _ENV.unwrapped
             denoiser = StepwiseDenoiser(env.pipe, env.config, device=env.device)
             try:
-                features = switch_features(denoiser, prefix, prompt, seed)
+                if prefix:
+                    features.update(switch_features(denoiser, prefix, prompt, seed))
+                if profile:
+                    features["profile"] = no_cache_profile(denoiser, prompt, seed)
             finally:
                 denoiser.close()
     finally:
@@ -161,11 +181,11 @@ def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
 
 
 def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[int]], pairs: Sequence[Pair],
-                 log_path: str | Path, prefix: Sequence[int] = (), workers: int = 1, threads: int = 1,
-                 desc: str = "runs") -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+                 log_path: str | Path, prefix: Sequence[int] = (), profile: bool = False, workers: int = 1,
+                 threads: int = 1, desc: str = "runs") -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
     """Every schedule's reward on every run (resumable: episodes in `log_path` are read, not replayed) and,
-    with a `prefix`, each run's switch features. -> ({name: [reward per run]}, {"summary": (runs, n), "pooled":
-    (runs, m)})."""
+    with a `prefix`, each run's switch features, with `profile` its `no_cache_profile`. -> ({name: [reward per
+    run]}, {"summary": (runs, n), "pooled": (runs, m), "profile": (runs, 2 (N - 1))})."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -173,7 +193,7 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
     names = list(schedules)
     lists = [[int(a) for a in schedules[n]] for n in names]
     kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
-    jobs = [(b, (str(p), int(s)), lists, list(prefix), str(log_path)) for b, (p, s) in enumerate(pairs)]
+    jobs = [(b, (str(p), int(s)), lists, list(prefix), bool(profile), str(log_path)) for b, (p, s) in enumerate(pairs)]
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     results: dict[int, tuple] = {}
     bar = tqdm(total=len(jobs), desc=desc, unit="run")
@@ -191,10 +211,7 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
                 bar.update()
     bar.close()
     rewards = {n: [results[b][0][k] for b in range(len(jobs))] for k, n in enumerate(names)}
-    features = {}
-    if prefix:
-        for key in ("summary", "pooled"):
-            features[key] = np.stack([results[b][1][key] for b in range(len(jobs))])
+    features = {key: np.stack([results[b][1][key] for b in range(len(jobs))]) for key in (results[0][1] if jobs else {})}
     return rewards, features
 
 

@@ -9,7 +9,7 @@ watching the run's first steps? (`morca_env.library`)
    members (the best fixed schedule first) maximises the mean over runs of the best member's reward, a run's
    own searched schedule left out of its maximum.
 3. Plays the library on the label runs (the selector's training set) and the validation runs, and reads each
-   run's switch features (after the prefix).
+   run's switch features (after the prefix) and, for comparison, its no-cache profile (not causal).
 4. Reports, on the validation runs: the oracle choice among the library, a constant choice, and ridge selectors
    (alpha and feature set chosen by 5-fold cross-validation on the label runs only), as gains over the best
    fixed schedule with 95% CIs.
@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     sets = {}
     for name, pairs in (("label", label_pairs), ("validation", validation_pairs)):
         rewards, features = play_on_runs(args.env, args.env_kwargs, library, pairs, args.out / f"{name}.jsonl",
-                                         prefix=prefix, workers=args.workers, threads=args.threads, desc=name)
+                                         prefix=prefix, profile=True, workers=args.workers, threads=args.threads,
+                                         desc=name)
         sets[name] = (np.array([rewards[m] for m in members]).T, features)
 
     lines = [f"{args.env}, K = {budget}, prefix {args.prefix} steps, library of {len(members)} "
@@ -153,6 +154,15 @@ def main(argv=None) -> int:
             gain = realised(val_r[:, :size], selector.choose(val_sets[kind])) - val_r[:, 0]
             scores.append((cv[alpha].mean(), kind, size, alpha, gain, selector))
             lines.append(f"| ridge on {kind} | {size} | {alpha} | {ci(cv[alpha])} | {ci(gain)} |")
+    # not causal: the no-cache run's whole profile (an upper bound on what features of this kind could tell)
+    for size in sorted({2, 4, len(members)} & set(range(2, len(members) + 1))):
+        x = lab_f["profile"]
+        cv = {a: realised(lab_r[:, :size], cross_validated_choice(x, lab_r[:, :size], a)) - lab_r[:, 0]
+              for a in ALPHAS}
+        alpha = max(cv, key=lambda a: cv[a].mean())
+        gain = realised(val_r[:, :size], RidgeSelector(alpha).fit(x, lab_r[:, :size]).choose(val_f["profile"])) - val_r[:, 0]
+        lines.append(f"| ridge on the no-cache run's profile (not causal) | {size} | {alpha} | {ci(cv[alpha])} | "
+                     f"{ci(gain)} |")
     best = max(scores, key=lambda s: s[0]) if scores else None
     if best is not None:
         lines += ["", f"chosen by CV on the label runs: ridge on {best[1]}, size {best[2]}, alpha {best[3]}: "

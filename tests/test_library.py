@@ -88,11 +88,12 @@ def test_play_on_runs_gives_the_env_rewards_in_workers_and_resumes(tmp_path):
     pairs = [("a red circle", 3), ("a blue square", 5), ("a green triangle", 7)]
     log = tmp_path / "log.jsonl"
     rewards, features = play_on_runs("MorcaTinyRandom-v0", kwargs, {"u": uniform, "o": other}, pairs, log,
-                                     prefix=uniform[:4], workers=2)
+                                     prefix=uniform[:4], profile=True, workers=2)
     for name, schedule in (("u", uniform), ("o", other)):
         assert rewards[name] == pytest.approx([play_schedule(env, schedule, *pair).reward for pair in pairs],
                                               abs=1e-4)
-    assert features["summary"].shape == (3, len(FEATURE_NAMES))
+    assert features["summary"].shape == (3, len(FEATURE_NAMES)) and features["profile"].shape == (3, 2 * 19)
+    assert features["profile"][0] != pytest.approx(features["profile"][1])
     lines = log.read_text().splitlines()
     again, _ = play_on_runs("MorcaTinyRandom-v0", kwargs, {"u": uniform, "o": other}, pairs, log)
     assert again == rewards and log.read_text().splitlines() == lines  # read back, nothing replayed
