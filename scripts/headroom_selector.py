@@ -163,6 +163,23 @@ def main(argv=None) -> int:
         gain = realised(val_r[:, :size], RidgeSelector(alpha).fit(x, lab_r[:, :size]).choose(val_f["profile"])) - val_r[:, 0]
         lines.append(f"| ridge on the no-cache run's profile (not causal) | {size} | {alpha} | {ci(cv[alpha])} | "
                      f"{ci(gain)} |")
+    if len(members) >= 2:  # does the choice get learnable with more labelled runs?
+        size = min(5, len(members))
+        counts = [n for n in (25, 50, 100, 200, 400, 800) if n < len(lab_r)] + [len(lab_r)]
+        curve = {"pooled x0": (lab_f["pooled"], val_f["pooled"]), "x0 statistics": (lab_f["summary"], val_f["summary"]),
+                 "no-cache profile (not causal)": (lab_f["profile"], val_f["profile"])}
+        lines += ["", f"learning curve ({size} members; alpha by 5-fold CV on the first n label runs; validation "
+                  "runs):", "", "| label runs | " + " | ".join(f"ridge on {k}" for k in curve) + " |",
+                  "|---|" + "---|" * len(curve)]
+        for n in counts:
+            cells = []
+            for x, xv in curve.values():
+                cv = {a: realised(lab_r[:n, :size], cross_validated_choice(x[:n], lab_r[:n, :size], a)).mean()
+                      for a in ALPHAS}
+                alpha = max(cv, key=cv.get)
+                choice = RidgeSelector(alpha).fit(x[:n], lab_r[:n, :size]).choose(xv)
+                cells.append(ci(realised(val_r[:, :size], choice) - val_r[:, 0]))
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
     best = max(scores, key=lambda s: s[0]) if scores else None
     if best is not None:
         lines += ["", f"chosen by CV on the label runs: ridge on {best[1]}, size {best[2]}, alpha {best[3]}: "
