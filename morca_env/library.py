@@ -130,25 +130,11 @@ def no_cache_profile(denoiser, prompt: str, seed: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ schedules on many runs, in workers
-_ENV = None
-
-
-def _init(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None) -> None:
-    global _ENV
-    import gymnasium as gym
-
-    import morca_env  # noqa: F401
-
-    if parent_pid is not None:
-        from .data import exit_with_parent
-
-        exit_with_parent(parent_pid)
-    torch.set_num_threads(threads)
-    _ENV = gym.make(env_id, **env_kwargs)
-
-
 def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
+    from . import search
+
     index, (prompt, seed), schedules, prefix, profile, log_path = job
+    env = search._WORKER_ENV  # `search._init_worker`'s: one env per worker process
     log = EvaluationLog(log_path)
     player = None
     rewards = []
@@ -157,7 +143,7 @@ def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
             key = schedule_key(schedule)
             reward = log.get(prompt, seed, key)
             if reward is None:
-                player = player or SchedulePlayer(_ENV, prompt, seed)
+                player = player or SchedulePlayer(env, prompt, seed)
                 reward, psnr = player.play(schedule)
                 log.add(prompt, seed, key, reward, psnr)
             rewards.append(reward)
@@ -165,7 +151,7 @@ def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray] | None]:
         if prefix or profile:
             from .denoiser import StepwiseDenoiser
 
-            env = _ENV.unwrapped
+            env = env.unwrapped
             denoiser = StepwiseDenoiser(env.pipe, env.config, device=env.device)
             try:
                 if prefix:
@@ -190,6 +176,8 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
 
     from tqdm import tqdm
 
+    from .search import _init_worker
+
     names = list(schedules)
     lists = [[int(a) for a in schedules[n]] for n in names]
     kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
@@ -198,13 +186,13 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
     results: dict[int, tuple] = {}
     bar = tqdm(total=len(jobs), desc=desc, unit="run")
     if workers == 1:
-        _init(env_id, kwargs, threads, None)
+        _init_worker(env_id, kwargs, threads)
         for job in jobs:
             index, rewards, features = _play_job(job)
             results[index] = (rewards, features)
             bar.update()
     else:
-        with mp.get_context("fork").Pool(workers, initializer=_init,
+        with mp.get_context("fork").Pool(workers, initializer=_init_worker,
                                          initargs=(env_id, kwargs, threads, os.getpid())) as pool:
             for index, rewards, features in pool.imap_unordered(_play_job, jobs):
                 results[index] = (rewards, features)

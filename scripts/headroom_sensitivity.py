@@ -27,28 +27,14 @@ from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.threads import configure_threads
 
-_ENV = None
-
-
-def _init(env_id: str, env_kwargs: dict, threads: int, parent: int) -> None:
-    global _ENV
-    import gymnasium as gym
-
-    import morca_env  # noqa: F401
-    from morca_env.data import exit_with_parent
-
-    exit_with_parent(parent)
-    torch.set_num_threads(threads)
-    _ENV = gym.make(env_id, **{"lpips": False, "latent_features": False, **env_kwargs}).unwrapped
-
-
 def nudged_psnrs(job) -> tuple[int, float, list[float]]:
     """PSNR of each member on (prompt, seed) with the noise nudged by eps, against that run's own reference."""
+    from morca_env import search
     from morca_env.denoiser import StepwiseDenoiser
     from morca_env.metrics import to_uint8, video_metrics
 
     index, prompt, seed, eps, members = job
-    env = _ENV
+    env = search._WORKER_ENV.unwrapped  # one env per worker process (`search._init_worker`)
     den = StepwiseDenoiser(env.pipe, env.config, device=env.device)
     try:
         noise = den.start(prompt=prompt, seed=seed).clone()
@@ -125,8 +111,11 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    with mp.get_context("fork").Pool(args.workers, initializer=_init,
-                                     initargs=(args.env, args.env_kwargs, args.threads, os.getpid())) as pool, open(log, "a") as f:
+    from morca_env.search import _init_worker
+
+    kwargs = {"lpips": False, "latent_features": False, **args.env_kwargs}
+    with mp.get_context("fork").Pool(args.workers, initializer=_init_worker,
+                                     initargs=(args.env, kwargs, args.threads, os.getpid())) as pool, open(log, "a") as f:
         for b, eps, psnrs in tqdm(pool.imap_unordered(nudged_psnrs, jobs), total=len(jobs), desc="nudged runs"):
             done[b, eps] = psnrs
             f.write(json.dumps({"run": b, "eps": eps, "psnr": psnrs}) + "\n")
