@@ -102,6 +102,19 @@ class SwitchReader:
                 "pooled": latent_features(self.last).pooled.flatten().cpu().numpy().astype(np.float64)}
 
 
+FEATURE_KINDS = ("summary", "pooled", "both")
+
+
+def feature_vector(features: dict[str, np.ndarray], kind: str) -> np.ndarray:
+    """The selector's input of one kind from `SwitchReader.read()` (or those stacked over runs): the one place
+    that says what "both" is, so a saved selector reads what it was trained on."""
+    if kind not in FEATURE_KINDS:
+        raise ValueError(f"feature kind {kind!r} is not one of {FEATURE_KINDS}")
+    if kind == "both":
+        return np.concatenate([features["summary"], features["pooled"]], axis=-1)
+    return features[kind]
+
+
 def switch_features(denoiser, prefix: Sequence[int], prompt: str, seed: int) -> dict[str, np.ndarray]:
     """Play `prefix` from the start of (prompt, seed) and read the run at the switch step (`SwitchReader`)."""
     denoiser.start(prompt=prompt, seed=int(seed))
@@ -265,6 +278,16 @@ def cross_validated_choice(features: np.ndarray, rewards: np.ndarray, alpha: flo
     return choice
 
 
+def fit_by_cv(features: np.ndarray, rewards: np.ndarray, alphas: Sequence[float], folds: int = 5
+              ) -> tuple[float, np.ndarray, RidgeSelector]:
+    """The ridge selector whose alpha gives the highest mean reward under `folds`-fold cross-validation on
+    these runs only, fitted on all of them. -> (alpha, each run's cross-validated gain over member 0, selector)."""
+    rewards = np.asarray(rewards, dtype=float)
+    gains = {a: realised(rewards, cross_validated_choice(features, rewards, a, folds)) - rewards[:, 0] for a in alphas}
+    alpha = max(gains, key=lambda a: gains[a].mean())
+    return alpha, gains[alpha], RidgeSelector(alpha).fit(features, rewards)
+
+
 # ------------------------------------------------------------------ the scheduler
 class LibraryScheduler:
     """Plays the library's shared prefix, reads the run at the switch step (`SwitchReader`: the env's own
@@ -353,9 +376,7 @@ class LibraryScheduler:
             self.reader.add(self._latents, denoiser.sigma(i - 1), denoiser.last_velocity)
         self._latents = denoiser.latents
         if i == prefix:
-            features = self.reader.read()
-            x = (np.hstack([features["summary"], features["pooled"]]) if self.library["feature"] == "both"
-                 else features[self.library["feature"]])
+            x = feature_vector(self.reader.read(), self.library["feature"])
             self.last_features = x
             self.last_choice = int(self.library["selector"].choose(x[None])[0])
             self.schedule = list(self.library["members"][self.last_choice])

@@ -30,7 +30,7 @@ import numpy as np
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.library import cross_validated_choice, greedy_library, play_on_runs, realised, RidgeSelector
+from morca_env.library import FEATURE_KINDS, feature_vector, fit_by_cv, greedy_library, play_on_runs, realised
 from morca_env.policies import StaticSchedule
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
@@ -139,46 +139,32 @@ def main(argv=None) -> int:
     constant = int(np.argmax(lab_r.mean(axis=0)))
     lines += ["", f"constant choice (the member best on the label runs: {members[constant]}): "
               f"{ci(val_r[:, constant] - val_r[:, 0])} on validation", ""]
-    feature_sets = {"summary": lab_f["summary"], "pooled": lab_f["pooled"],
-                    "both": np.hstack([lab_f["summary"], lab_f["pooled"]])}
-    val_sets = {"summary": val_f["summary"], "pooled": val_f["pooled"],
-                "both": np.hstack([val_f["summary"], val_f["pooled"]])}
+    sizes = sorted({2, 4, len(members)} & set(range(2, len(members) + 1)))
     lines += ["| selector | size | alpha | 5-fold CV on label runs | validation runs |", "|---|---|---|---|---|"]
     scores = []
-    for kind, x in feature_sets.items():
-        for size in sorted({2, 4, len(members)} & set(range(2, len(members) + 1))):
-            cv = {a: realised(lab_r[:, :size], cross_validated_choice(x, lab_r[:, :size], a)) - lab_r[:, 0]
-                  for a in ALPHAS}
-            alpha = max(cv, key=lambda a: cv[a].mean())
-            selector = RidgeSelector(alpha).fit(x, lab_r[:, :size])
-            gain = realised(val_r[:, :size], selector.choose(val_sets[kind])) - val_r[:, 0]
-            scores.append((cv[alpha].mean(), kind, size, alpha, gain, selector))
-            lines.append(f"| ridge on {kind} | {size} | {alpha} | {ci(cv[alpha])} | {ci(gain)} |")
+    for kind in FEATURE_KINDS:
+        for size in sizes:
+            alpha, cv, selector = fit_by_cv(feature_vector(lab_f, kind), lab_r[:, :size], ALPHAS)
+            gain = realised(val_r[:, :size], selector.choose(feature_vector(val_f, kind))) - val_r[:, 0]
+            scores.append((cv.mean(), kind, size, alpha, gain, selector))
+            lines.append(f"| ridge on {kind} | {size} | {alpha} | {ci(cv)} | {ci(gain)} |")
     # not causal: the no-cache run's whole profile (an upper bound on what features of this kind could tell)
-    for size in sorted({2, 4, len(members)} & set(range(2, len(members) + 1))):
-        x = lab_f["profile"]
-        cv = {a: realised(lab_r[:, :size], cross_validated_choice(x, lab_r[:, :size], a)) - lab_r[:, 0]
-              for a in ALPHAS}
-        alpha = max(cv, key=lambda a: cv[a].mean())
-        gain = realised(val_r[:, :size], RidgeSelector(alpha).fit(x, lab_r[:, :size]).choose(val_f["profile"])) - val_r[:, 0]
-        lines.append(f"| ridge on the no-cache run's profile (not causal) | {size} | {alpha} | {ci(cv[alpha])} | "
-                     f"{ci(gain)} |")
+    for size in sizes:
+        alpha, cv, selector = fit_by_cv(lab_f["profile"], lab_r[:, :size], ALPHAS)
+        gain = realised(val_r[:, :size], selector.choose(val_f["profile"])) - val_r[:, 0]
+        lines.append(f"| ridge on the no-cache run's profile (not causal) | {size} | {alpha} | {ci(cv)} | {ci(gain)} |")
     if len(members) >= 2:  # does the choice get learnable with more labelled runs?
         size = min(5, len(members))
         counts = [n for n in (25, 50, 100, 200, 400, 800) if n < len(lab_r)] + [len(lab_r)]
-        curve = {"pooled x0": (lab_f["pooled"], val_f["pooled"]), "x0 statistics": (lab_f["summary"], val_f["summary"]),
-                 "no-cache profile (not causal)": (lab_f["profile"], val_f["profile"])}
+        curve = {"pooled x0": "pooled", "x0 statistics": "summary", "no-cache profile (not causal)": "profile"}
         lines += ["", f"learning curve ({size} members; alpha by 5-fold CV on the first n label runs; validation "
                   "runs):", "", "| label runs | " + " | ".join(f"ridge on {k}" for k in curve) + " |",
                   "|---|" + "---|" * len(curve)]
         for n in counts:
             cells = []
-            for x, xv in curve.values():
-                cv = {a: realised(lab_r[:n, :size], cross_validated_choice(x[:n], lab_r[:n, :size], a)).mean()
-                      for a in ALPHAS}
-                alpha = max(cv, key=cv.get)
-                choice = RidgeSelector(alpha).fit(x[:n], lab_r[:n, :size]).choose(xv)
-                cells.append(ci(realised(val_r[:, :size], choice) - val_r[:, 0]))
+            for key in curve.values():
+                _, _, selector = fit_by_cv(lab_f[key][:n], lab_r[:n, :size], ALPHAS)
+                cells.append(ci(realised(val_r[:, :size], selector.choose(val_f[key])) - val_r[:, 0]))
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     best = max(scores, key=lambda s: s[0]) if scores else None
     if best is not None:

@@ -111,6 +111,13 @@ def test_ridge_selector_learns_which_member_a_feature_points_to():
     assert gain.mean() > 0.7 * oracle.mean()
     cv = realised(rewards, cross_validated_choice(x, rewards, 0.01)) - rewards[:, 0]
     assert cv.mean() > 0.7 * (rewards.max(1) - rewards[:, 0]).mean()
+    # the one definition of each feature kind, for one run and stacked over runs
+    from morca_env.library import feature_vector
+    one = {"summary": np.arange(3.0), "pooled": np.arange(5.0)}
+    assert feature_vector(one, "both").tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    assert feature_vector({k: np.stack([v, v]) for k, v in one.items()}, "both").shape == (2, 8)
+    with pytest.raises(ValueError, match="'all'"):
+        feature_vector(one, "all")
     # a margin no predicted gain reaches keeps the default everywhere
     assert (RidgeSelector(0.01, margin=100.0).fit(x, rewards).choose(x) == 0).all()
 
