@@ -87,12 +87,14 @@ class StepwiseDenoiser:
         self.scheduler = copy.deepcopy(pipe.scheduler)
         self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
         self.timesteps = self.scheduler.timesteps
+        self._sigmas = self.scheduler.sigmas.tolist()  # read every step; a tensor index + float() cost ~20 us in an episode
         self.expert_of_step = wan_structure.expert_of_steps(pipe, self.timesteps)
         self._latents: torch.Tensor | None = None
-        self._input = self._input_of = None  # _model_input's tensor and the latents it was made from
+        self._input = self._input_of = None  # model_input's tensor and the latents it was made from
         self.last_velocity: torch.Tensor | None = None  # guided model output of the latest step
         self._index = self.num_steps
         self.elapsed_s = 0.0
+        self.run_id = 0  # counts start() calls: what is read once per video (signals' time modulation) keys on it
 
     # ----------------------------------------------------------------- structure
     @property
@@ -138,7 +140,7 @@ class StepwiseDenoiser:
         return self._latents
 
     def sigma(self, step: int) -> float:
-        return float(self.scheduler.sigmas[step])
+        return self._sigmas[step]
 
     def timestep(self, step: int) -> torch.Tensor:
         return self.timesteps[step]
@@ -155,9 +157,9 @@ class StepwiseDenoiser:
         if self._index != step or self.done:
             raise RuntimeError(f"the run is at step {self._index}, not {step}: a run-time rule decides each step "
                                "before it runs, in order")
-        return self.expert(step), self._model_input(), self.timestep(step).expand(self.latents.shape[0])
+        return self.expert(step), self.model_input(), self.timestep(step).expand(self.latents.shape[0])
 
-    def _model_input(self) -> torch.Tensor:
+    def model_input(self) -> torch.Tensor:
         """The latents in the transformer's dtype, converted once per step for the signal and the step's calls."""
         if self._input_of is not self._latents:
             self._input, self._input_of = self.latents.to(self.transformer_dtype), self._latents
@@ -214,6 +216,8 @@ class StepwiseDenoiser:
         )
         self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
         self.scheduler.set_begin_index(0)
+        self._sigmas = self.scheduler.sigmas.tolist()
+        self.run_id += 1
         for cache in self.caches:
             cache.claim(self)
         self._index = 0
@@ -240,7 +244,7 @@ class StepwiseDenoiser:
         guidance = self.config.guidance_scale
         if self.expert_of_step[i] == 1 and self.config.guidance_scale_2 is not None:
             guidance = self.config.guidance_scale_2
-        model_input = self._model_input()
+        model_input = self.model_input()
         timestep = t.expand(self._latents.shape[0])
         context = {"step_index": i, "sigma": self.sigma(i), "num_inference_steps": self.num_steps}
         with model.cache_context("cond", **context):

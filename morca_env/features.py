@@ -8,6 +8,7 @@ recompute): `pooled` (3C, 4, 8, 8) and `temporal` (6C, 8, 8) = 3 means then 3 va
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,11 +48,17 @@ def latent_features(latents: torch.Tensor) -> LatentFeatures:
 def _average_pool(x: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
     """x's last len(grid) axes average-pooled to `grid`: a fixed-kernel pool where the grid divides them
     (the same numbers, measured ~20% cheaper on CPU), the adaptive pool otherwise."""
-    sizes = x.shape[-len(grid):]
+    pool, size = _pool_for(tuple(x.shape[-len(grid):]), grid)
+    return pool(x, size)
+
+
+@functools.lru_cache(maxsize=256)
+def _pool_for(sizes: tuple[int, ...], grid: tuple[int, ...]) -> tuple:
+    """(pool function, its kernel or output size), chosen once per shape: in an episode the Python of choosing
+    it each call cost as much as a torch op."""
     if all(size % cells == 0 for size, cells in zip(sizes, grid)):
-        kernel = tuple(size // cells for size, cells in zip(sizes, grid))
-        return (F.avg_pool3d if len(grid) == 3 else F.avg_pool2d)(x, kernel)
-    return (F.adaptive_avg_pool3d if len(grid) == 3 else F.adaptive_avg_pool2d)(x, grid)
+        return (F.avg_pool3d if len(grid) == 3 else F.avg_pool2d), tuple(size // cells for size, cells in zip(sizes, grid))
+    return (F.adaptive_avg_pool3d if len(grid) == 3 else F.adaptive_avg_pool2d), grid
 
 
 def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:

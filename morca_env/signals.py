@@ -27,6 +27,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.normalization import FP32LayerNorm
 
 SignalKind = Literal["official", "latent"]
 SIGNAL_KINDS = ("official", "latent")
@@ -77,6 +78,22 @@ def _axis_groups(shape: tuple[int, ...], axes: list[int]) -> list[list[int]]:
     return groups
 
 
+@functools.lru_cache(maxsize=4096)
+def _filter_plan(shape: tuple[int, ...], axes: tuple[int, ...], sigma: float, power_exp: float,
+                 device: torch.device) -> tuple:
+    """The matrix products that filter a tensor of `shape`: (operator, leading rows or None to right-multiply,
+    merged size) per axis group. Planned once per (shape, sigma): a sampler visits the same sigmas every
+    video, and in an episode the per-call Python of planning cost ~40 us on MorcaTiny."""
+    plan = []
+    for group in _axis_groups(shape, sorted({a % len(shape) for a in axes})):
+        size = math.prod(shape[a] for a in group)
+        operator = _group_operator(tuple(shape[a] for a in group), sigma, power_exp, device)
+        # the operator is symmetric: right-multiplying applies it along the last axes
+        rows = None if group[-1] == len(shape) - 1 else math.prod(shape[:group[0]])
+        plan.append((operator, rows, size))
+    return tuple(plan)
+
+
 def sea_filter(x: torch.Tensor, sigma: float, axes: tuple[int, ...], power_exp: float = 3.0) -> torch.Tensor:
     """Apply the SEA filter to `x` over `axes` at noise level `sigma` (returns float32).
 
@@ -85,26 +102,25 @@ def sea_filter(x: torch.Tensor, sigma: float, axes: tuple[int, ...], power_exp: 
     than rfftn + inverse on MorcaTiny's (4, 8, 8) x 96 token grid and 2-3x on Wan2.1's
     (21, 30, 52) on one CPU thread.
     """
-    x = x.float()
+    if x.dtype != torch.float32:
+        x = x.float()
     sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
     out = x
-    for group in _axis_groups(x.shape, sorted({a % x.ndim for a in axes})):
-        size = math.prod(x.shape[a] for a in group)
-        operator = _group_operator(tuple(x.shape[a] for a in group), sigma, float(power_exp), x.device)
-        if group[-1] == x.ndim - 1:  # the operator is symmetric: right-multiplying applies it along the last axes
-            out = out.reshape(-1, size) @ operator
-        else:
-            out = torch.matmul(operator, out.reshape(math.prod(x.shape[:group[0]]), size, -1))
+    for operator, rows, size in _filter_plan(tuple(x.shape), tuple(axes), sigma, float(power_exp), x.device):
+        out = out.reshape(-1, size) @ operator if rows is None else torch.matmul(operator, out.reshape(rows, size, -1))
     return out.reshape(x.shape)
 
 
 def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
     """mean|current - previous| / (mean|previous| + 1e-16), averaged over the batch dimension."""
+    size = current[0].numel()
+    if current.shape[0] == 1:  # one video: no per-item sums (in an episode each torch op costs 10-40 us)
+        difference, magnitude = torch.stack([(current - previous).abs_().sum(), previous.abs().sum()]).tolist()
+        return difference / size / (magnitude / size + _EPS)
     cur = current.reshape(current.shape[0], -1)
     prev = previous.reshape(previous.shape[0], -1)
     # both sums in one tensor, read back once (measured: a third of this function's cost was the reads)
-    differences, magnitudes = torch.stack([(cur - prev).abs().sum(dim=1), prev.abs().sum(dim=1)]).tolist()
-    size = cur.shape[1]
+    differences, magnitudes = torch.stack([(cur - prev).abs_().sum(dim=1), prev.abs().sum(dim=1)]).tolist()
     return sum(d / size / (m / size + _EPS) for d, m in zip(differences, magnitudes)) / len(differences)
 
 
@@ -126,18 +142,24 @@ def official_signal_input(transformer, latents: torch.Tensor, timestep: torch.Te
     """
     with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
         dtype = transformer.patch_embedding.weight.dtype  # ModelMixin.dtype walks all modules
-        batch = latents.shape[0]
-        p_t, p_h, p_w = transformer.config.patch_size
-        grid = (latents.shape[2] // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w)
-        model_input = latents.to(dtype)
-        hidden = transformer.patch_embedding(model_input).flatten(2).transpose(1, 2)
-        shift, gain = _block0_modulation(transformer, timestep, batch, dtype)
-        norm = transformer.blocks[0].norm1
-        if batch == 1 and isinstance(norm, torch.nn.LayerNorm) and norm.weight is None:  # Wan's norm1: one fused op
-            modulated = F.layer_norm(hidden.float(), norm.normalized_shape, gain.reshape(-1), shift.reshape(-1), norm.eps)
-        else:
-            modulated = norm(hidden.float()) * gain + shift
-        return modulated.reshape(batch, *grid, -1)
+        shift, gain = _block0_modulation(transformer, timestep, latents.shape[0], dtype)
+        return _modulated_block0_input(transformer, latents.to(dtype), shift, gain)
+
+
+def _modulated_block0_input(transformer, model_input: torch.Tensor, shift: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """norm1(patch_embedding(model_input)) * gain + shift, reshaped to (B, F', H', W', D)."""
+    batch = model_input.shape[0]
+    p_t, p_h, p_w = transformer.config.patch_size
+    grid = (model_input.shape[2] // p_t, model_input.shape[3] // p_h, model_input.shape[4] // p_w)
+    hidden = transformer.patch_embedding(model_input).flatten(2).transpose(1, 2)
+    norm = transformer.blocks[0].norm1
+    if batch == 1 and isinstance(norm, torch.nn.LayerNorm) and norm.weight is None:  # Wan's norm1: one fused op
+        if hidden.dtype != torch.float32:
+            hidden = hidden.float()
+        modulated = F.layer_norm(hidden, norm.normalized_shape, gain.view(-1), shift.view(-1), norm.eps)
+    else:
+        modulated = norm(hidden.float()) * gain + shift
+    return modulated.reshape(batch, *grid, -1)
 
 
 _MODULATION_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -153,20 +175,28 @@ def _module_weights(module: torch.nn.Module, found: list) -> list:
     return found
 
 
-def _block0_modulation(transformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _modulation_weights_key(transformer) -> tuple:
+    """The storage and in-place version of every weight block 0's modulation reads: a moved, cast, reloaded
+    or trained weight gives another key."""
+    embedder = transformer.condition_embedder
+    weights = _module_weights(embedder.time_embedder,
+                              _module_weights(embedder.time_proj, [transformer.blocks[0].scale_shift_table]))
+    return tuple((id(w), w.data_ptr(), w._version) for w in weights)
+
+
+def _block0_modulation(transformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype,
+                       weights_key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block 0's (shift, 1 + scale) at `timestep`, float32, as the transformer computes them.
 
     They depend on the timestep and the weights only, so they are kept per transformer and
     timestep (a sampler visits the same timesteps in every video; measured: the time
     embedding was half of the signal's cost on MorcaTiny) and recomputed when any weight
-    they read is replaced or written in place.
+    they read is replaced or written in place (`weights_key`: the caller's, or read now).
     """
     embedder = transformer.condition_embedder
     block = transformer.blocks[0]
-    weights = _module_weights(embedder.time_embedder, _module_weights(embedder.time_proj, [block.scale_shift_table]))
     memo = _MODULATION_MEMO.setdefault(transformer, {})
-    # the storage and in-place version of every weight read: a moved, cast, reloaded or trained weight misses
-    key = (tuple(timestep.reshape(-1).tolist()), batch, dtype, tuple((id(w), w.data_ptr(), w._version) for w in weights))
+    key = (tuple(timestep.reshape(-1).tolist()), batch, dtype, weights_key or _modulation_weights_key(transformer))
     if key not in memo:
         t = timestep.reshape(-1).expand(batch) if timestep.numel() == 1 else timestep
         t_freq = embedder.timesteps_proj(t)
@@ -180,13 +210,78 @@ def _block0_modulation(transformer, timestep: torch.Tensor, batch: int, dtype: t
     return memo[key]
 
 
-def signal_input_for_step(kind: SignalKind, denoiser) -> torch.Tensor:
-    """The signal input of the denoiser's current step (before its decision)."""
-    if kind == "official":
+class _VideoSignal:
+    """The official signal of each step of one denoiser's videos, reading the transformer once per video.
+
+    A diffusers pipeline call reads its weights once per video too; here per step that reading
+    (checking the weights behind the memoised time modulation, looking up modules and
+    parameters through `nn.Module.__getattr__`) cost about as much as the arithmetic inside a
+    MorcaTiny episode. A weight replaced or written in place mid-video is seen from the next
+    video on; `official_signal_input` checks at every call.
+    """
+
+    def __init__(self):
+        self.run_id: int | None = None
+        self.weights_keys: tuple = ()
+        self.modulation: dict = {}  # (step, batch) -> flat (shift, gain), kept while the weights stay
+        self.fused: list = []  # per expert: (conv3d weight, bias, stride, layer-norm shape, eps), or None
+
+    def _read_transformers(self, denoiser) -> None:
+        keys = tuple(_modulation_weights_key(model) for model in denoiser.experts)
+        if keys != self.weights_keys:
+            self.modulation.clear()
+        self.run_id, self.weights_keys = denoiser.run_id, keys
+        self.fused = [_fused_block0(model) for model in denoiser.experts]
+
+    def __call__(self, denoiser) -> torch.Tensor:
+        if self.run_id != denoiser.run_id:
+            self._read_transformers(denoiser)
         i = denoiser.step_index
-        model, model_input, timestep = denoiser.step_input(i)
-        return official_signal_input(model, model_input, timestep)
-    return latent_signal_input(denoiser.latents)
+        expert = denoiser.expert_of_step[i]
+        model, model_input = denoiser.experts[expert], denoiser.model_input()  # not step_input: no timestep tensor
+        batch = model_input.shape[0]
+        entry = (i, batch)
+        if entry not in self.modulation:
+            shift, gain = _block0_modulation(model, denoiser.timestep(i), batch, model_input.dtype,
+                                             self.weights_keys[expert])
+            self.modulation[entry] = (shift, gain) if batch > 1 else (shift.reshape(-1), gain.reshape(-1))
+        shift, gain = self.modulation[entry]
+        fused = self.fused[expert]
+        if fused is None or batch > 1:
+            return _modulated_block0_input(model, model_input, shift, gain)
+        weight, bias, stride, shape, eps = fused
+        # tokens last as a view: layer_norm copies it contiguous, in the (B, F', H', W', D) layout returned
+        hidden = F.conv3d(model_input, weight, bias, stride).permute(0, 2, 3, 4, 1)
+        return F.layer_norm(hidden if hidden.dtype == torch.float32 else hidden.float(), shape, gain, shift, eps)
+
+
+def _fused_block0(model) -> tuple | None:
+    """What the fast path of `_VideoSignal` calls for this transformer: Wan's non-overlapping Conv3d patch
+    embedding and affine-free LayerNorm norm1; None for anything else (e.g. a quantised or hooked module)."""
+    conv, norm = model.patch_embedding, model.blocks[0].norm1
+    plain_conv = (type(conv) is torch.nn.Conv3d and conv.padding_mode == "zeros" and conv.padding == (0, 0, 0)
+                  and conv.dilation == (1, 1, 1) and conv.groups == 1 and conv.stride == conv.kernel_size
+                  and not (conv._forward_hooks or conv._forward_pre_hooks))
+    plain_norm = (type(norm) in (torch.nn.LayerNorm, FP32LayerNorm) and norm.weight is None and norm.bias is None
+                  and not (norm._forward_hooks or norm._forward_pre_hooks))  # on a float32 input both are one layer_norm
+    if not (plain_conv and plain_norm):
+        return None
+    return conv.weight, conv.bias, conv.stride, norm.normalized_shape, norm.eps
+
+
+_VIDEO_SIGNALS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def signal_input_for_step(kind: SignalKind, denoiser) -> torch.Tensor:
+    """The signal input of the denoiser's current step (before its decision); for the official kind, equal to
+    `official_signal_input` of `denoiser.step_input(...)` with the transformer read once per video."""
+    if kind != "official":
+        return latent_signal_input(denoiser.latents)
+    with torch.no_grad():
+        signal = _VIDEO_SIGNALS.get(denoiser)
+        if signal is None:
+            signal = _VIDEO_SIGNALS[denoiser] = _VideoSignal()
+        return signal(denoiser)
 
 
 def signal_axes(kind: SignalKind) -> tuple[int, int, int]:

@@ -133,6 +133,9 @@ def test_relative_l1_is_a_per_item_ratio_averaged_over_the_batch():
     current = previous + torch.stack([torch.full((2, 3), 0.5), torch.full((2, 3), 1.0)])
     assert relative_l1(current, previous) == pytest.approx((0.5 / 1 + 1.0 / 10) / 2)
     assert relative_l1(torch.ones(1, 4), torch.zeros(1, 4)) > 1e6  # a zero previous signal: huge, not negative
+    one_video = torch.tensor([[2.0, -4.0, 2.0, -2.0]])  # one video (its own code path): mean|diff| / mean|previous|
+    assert relative_l1(one_video + torch.tensor([[1.0, 1.0, -1.0, 1.0]]), one_video) == pytest.approx(1.0 / 2.5)
+    assert relative_l1(one_video, one_video) == 0.0
 
 
 def test_official_signal_follows_a_weight_change_after_the_memo(wan21_pipe):
@@ -221,3 +224,52 @@ def test_tracker_distance_is_relative_l1_per_item_averaged_over_a_batch():
         assert tracker.observe(xs[i], sigmas[i]) == pytest.approx(expected, rel=1e-5)
     tracker.reset()
     assert tracker.observe(xs[2], 0.5) == 0.0
+
+
+def _denoiser(pipe, steps=8):
+    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from tests.conftest import prompt_embeds
+
+    den = StepwiseDenoiser(pipe, DenoiserConfig(num_inference_steps=steps, height=16, width=16, num_frames=5))
+    cond, uncond = prompt_embeds()
+    return den, dict(prompt_embeds=cond, negative_prompt_embeds=uncond)
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+@pytest.mark.parametrize("hooked", [False, True])
+def test_signal_of_each_step_is_official_signal_input(kind, hooked):
+    """The env's per-step signal (transformer read once per video, conv + layer norm fused) equals
+    `official_signal_input` at every step, for both experts of Wan2.2, on the fused path and on the
+    generic one a hooked patch embedding takes; and over a second video served from the memo."""
+    from morca_env.signals import signal_input_for_step
+
+    pipe = make_pipe(kind, with_text_encoder=False, with_vae=True)
+    den, embeds = _denoiser(pipe)
+    if hooked:
+        for model in den.experts:
+            model.patch_embedding.register_forward_hook(lambda module, args, out: out * 1.5)
+    for seed in (0, 1):
+        den.start(seed=seed, **embeds)
+        for i in range(den.num_steps):
+            ours = signal_input_for_step("official", den)
+            expected = official_signal_input(*den.step_input(i))
+            assert ours.shape == expected.shape
+            assert torch.allclose(ours, expected, atol=1e-6, rtol=1e-6), (kind, hooked, seed, i)
+            den.step(reuse=i % 3 == 2 and den.cache_valid(i))
+    assert len({den.expert_of_step[i] for i in range(den.num_steps)}) == (2 if kind == "wan22" else 1)
+
+
+def test_signal_reads_the_weights_once_per_video(wan21_pipe):
+    """A weight written mid-video is seen from the next video on (as a pipeline call reads its weights once)."""
+    from morca_env.signals import signal_input_for_step
+
+    den, embeds = _denoiser(wan21_pipe)
+    den.start(seed=0, **embeds)
+    before = signal_input_for_step("official", den)
+    den.step(reuse=False)
+    with torch.no_grad():
+        den.experts[0].blocks[0].scale_shift_table.add_(0.5)
+    den.start(seed=0, **embeds)
+    after = signal_input_for_step("official", den)
+    assert torch.allclose(after, official_signal_input(*den.step_input(0)), atol=1e-6)
+    assert not torch.allclose(after, before, atol=1e-3)
