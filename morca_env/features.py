@@ -29,7 +29,7 @@ class LatentFeatures:
 def latent_features(latents: torch.Tensor) -> LatentFeatures:
     """phi(x) for a latent of shape (1, C, F, H, W) or (C, F, H, W); float32 on the latent's device."""
     with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
-        x = latents.float()
+        x = latents if latents.dtype == torch.float32 else latents.float()
         if x.ndim == 5:
             if x.shape[0] != 1:
                 raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
@@ -66,7 +66,9 @@ def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recom
     trio = (current, previous, last_recompute)
     pooled = torch.cat([f.pooled for f in trio], dim=0)
     temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=0)
-    return pooled.cpu().numpy().astype(np.float32, copy=False), temporal.cpu().numpy().astype(np.float32, copy=False)
+    if pooled.device.type != "cpu":
+        pooled, temporal = pooled.cpu(), temporal.cpu()
+    return pooled.numpy().astype(np.float32, copy=False), temporal.numpy().astype(np.float32, copy=False)
 
 
 def feature_shapes(channels: int) -> dict[str, tuple[int, ...]]:
