@@ -106,8 +106,15 @@ def sea_filter(x: torch.Tensor, sigma: float, axes: tuple[int, ...], power_exp: 
         x = x.float()
     sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
     out = x
+    # mm and bmm, not matmul: a 2-d operator times a 3-d tensor made matmul fold it through transposed copies
+    # (measured 71 vs 56 us per filter on MorcaTiny's grid, bitwise the same result)
     for operator, rows, size in _filter_plan(tuple(x.shape), tuple(axes), sigma, float(power_exp), x.device):
-        out = out.reshape(-1, size) @ operator if rows is None else torch.matmul(operator, out.reshape(rows, size, -1))
+        if rows is None:
+            out = torch.mm(out.reshape(-1, size), operator)
+        elif rows == 1:
+            out = torch.mm(operator, out.reshape(size, -1))
+        else:
+            out = torch.bmm(operator.expand(rows, size, size), out.reshape(rows, size, -1))
     return out.reshape(x.shape)
 
 
