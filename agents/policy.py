@@ -33,6 +33,7 @@ class MorcaPolicy:
         network = getattr(impl, "policy", None) if impl is not None else None
         self._network = network if isinstance(network, torch.nn.Module) else None
         self._device = getattr(impl, "device", "cpu")
+        self._on_cpu = torch.device(self._device).type == "cpu"
         factory = getattr(getattr(algo, "config", None), "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))  # unknown encoders: assume they do
 
@@ -52,12 +53,23 @@ class MorcaPolicy:
 
     @torch.no_grad()
     def __call__(self, obs) -> int:
-        batch = observation_batch(obs)
+        # the scheduler's time is paid in speedup (MorcaTiny: ~0.35 ms a call in an episode, 1.5% of a stock step):
+        # a step with one feasible action needs no network, and a scalar-state network no latent features
+        mask = obs["action_mask"]
+        if self.deterministic and not (mask[0] and mask[1]):
+            return 0 if mask[0] else 1  # what the masked argmax picks
         if self._network is not None:
-            logits = self._network([torch.from_numpy(x).to(self._device) for x in batch])
-            action = (int(logits.argmax(dim=1)[0]) if self.deterministic
-                      else int(torch.distributions.Categorical(logits=logits).sample()[0]))
+            batch = observation_batch(obs) if self.reads_latents else [
+                None, None, np.asarray(obs["scalars"], np.float32)[None], np.asarray(mask, np.float32)[None]]
+            logits = self._network([x if x is None else torch.from_numpy(x) if self._on_cpu
+                                    else torch.from_numpy(x).to(self._device) for x in batch])
+            if self.deterministic:  # both actions feasible: argmax, ties to recompute as argmax breaks them
+                recompute, reuse = logits[0].tolist()
+                action = int(reuse > recompute)
+            else:
+                action = int(torch.distributions.Categorical(logits=logits).sample()[0])
         else:
+            batch = observation_batch(obs)
             action = self.algo.predict(batch) if self.deterministic else self.algo.sample_action(batch)
             action = int(action[0])
         if not obs["action_mask"][action]:  # cannot happen with masked logits; guard for foreign algorithms

@@ -177,6 +177,12 @@ def main() -> None:
         line += (f"; with the {label} scheduler ({state}) "
                  f"{stock_s / (float(np.mean(latency[state, 'K_max'])) + steps * per_step):.2f}x")
     print(line)
+    print("\ngoals (issue 16):")
+    for t in TARGETS:
+        share = 100 * float(np.mean(overhead["features on", f"{t:g}x"]))
+        print(f"  env overhead at {t:g}x, features on: {share:.2f}% (goal <= 5%): {'met' if share <= 5 else 'not met'}")
+    share = 100 * policy_seconds["scalar-state"] / policy_calls["scalar-state"] * steps / stock_s
+    print(f"  scalar-state scheduler: {share:.2f}% of a stock step (goal <= 1.5%): {'met' if share <= 1.5 else 'not met'}")
 
 
 if __name__ == "__main__":

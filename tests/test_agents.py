@@ -230,3 +230,48 @@ def test_policies_that_read_latents_refuse_an_env_without_them(tmp_path):
         else:
             policy.reset(obs, info)
             assert policy(obs) in (0, 1)
+
+
+@pytest.mark.parametrize("features", ["p3,mean,var", ""])
+def test_fast_policy_picks_what_d3rlpy_predict_picks(features):
+    """MorcaPolicy's fast path (no network for a single feasible action, no latent inputs for a scalar-state
+    network, logits compared in Python) decides exactly as d3rlpy's masked predict on many observations."""
+    factory = MorcaEncoderFactory(features=features)
+    algo = DiscreteIQLConfig(batch_size=2, actor_encoder_factory=factory, critic_encoder_factory=factory,
+                             value_encoder_factory=factory).create(device="cpu")
+    algo.build_with_dataset(synthetic_buffer(1))
+    rng = np.random.default_rng(3)
+    observations = []
+    for i in range(60):
+        mask = np.array([[1, 1], [1, 0], [0, 1]][i % 3], np.int8) if i % 4 == 0 else np.ones(2, np.int8)
+        observations.append({"pooled": rng.normal(size=(3 * C, 4, 8, 8)).astype(np.float32),
+                             "temporal": rng.normal(size=(6 * C, 8, 8)).astype(np.float32),
+                             "scalars": rng.uniform(size=7).astype(np.float32), "action_mask": mask})
+    network = algo.impl.policy
+    with torch.no_grad():  # centre the logit gap on these observations: a policy that is not one constant action
+        gaps = [float(np.diff(network([torch.from_numpy(x) for x in observation_batch({**o, "action_mask": np.ones(2)})])
+                              .numpy()[0])[0]) for o in observations]
+        network._fc.bias[1] -= float(np.median(gaps))
+    policy = MorcaPolicy(algo)
+    free_picks = []
+    for i, obs in enumerate(observations):
+        expected = int(algo.predict(observation_batch(obs))[0])
+        assert policy(obs) == expected, (i, obs["action_mask"])
+        if obs["action_mask"].all():
+            free_picks.append(expected)
+    assert 0 < sum(free_picks) < len(free_picks)  # the network chose both actions: the comparison could fail
+
+
+def test_fast_policy_skips_the_network_when_one_action_is_feasible():
+    algo = DiscreteIQLConfig(batch_size=2).create(device="cpu")
+    algo.build_with_dataset(synthetic_buffer(1))
+    policy = MorcaPolicy(algo)
+    calls = []
+    policy._network.register_forward_pre_hook(lambda module, args: calls.append(1))
+    obs = {"pooled": np.ones((3 * C, 4, 8, 8), np.float32), "temporal": np.ones((6 * C, 8, 8), np.float32),
+           "scalars": np.full(7, 0.5, np.float32)}
+    assert policy({**obs, "action_mask": np.array([1, 0], np.int8)}) == 0
+    assert policy({**obs, "action_mask": np.array([0, 1], np.int8)}) == 1
+    assert not calls
+    policy({**obs, "action_mask": np.array([1, 1], np.int8)})
+    assert calls == [1]
