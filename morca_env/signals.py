@@ -152,19 +152,30 @@ def official_signal_input(transformer, latents: torch.Tensor, timestep: torch.Te
         return _modulated_block0_input(transformer, latents.to(dtype), shift, gain)
 
 
-def _modulated_block0_input(transformer, model_input: torch.Tensor, shift: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
-    """norm1(patch_embedding(model_input)) * gain + shift, reshaped to (B, F', H', W', D)."""
+_READ_NOW = object()
+
+
+def _modulated_block0_input(transformer, model_input: torch.Tensor, shift: torch.Tensor, gain: torch.Tensor,
+                            fused=_READ_NOW) -> torch.Tensor:
+    """norm1(patch_embedding(model_input)) * gain + shift, reshaped to (B, F', H', W', D).
+
+    `fused`: what `_fused_block0` read of this transformer (the caller's, read once per video, or
+    read now); for one video it makes the convolution and the modulated norm two ops.
+    """
+    if fused is _READ_NOW:
+        fused = _fused_block0(transformer)
     batch = model_input.shape[0]
+    if fused is not None and batch == 1:
+        weight, bias, stride, shape, eps = fused
+        # tokens last as a view: layer_norm copies it contiguous, in the (B, F', H', W', D) layout returned
+        hidden = F.conv3d(model_input, weight, bias, stride).permute(0, 2, 3, 4, 1)
+        if hidden.dtype != torch.float32:
+            hidden = hidden.float()
+        return F.layer_norm(hidden, shape, gain.reshape(-1), shift.reshape(-1), eps)
     p_t, p_h, p_w = transformer.config.patch_size
     grid = (model_input.shape[2] // p_t, model_input.shape[3] // p_h, model_input.shape[4] // p_w)
     hidden = transformer.patch_embedding(model_input).flatten(2).transpose(1, 2)
-    norm = transformer.blocks[0].norm1
-    if batch == 1 and isinstance(norm, torch.nn.LayerNorm) and norm.weight is None:  # Wan's norm1: one fused op
-        if hidden.dtype != torch.float32:
-            hidden = hidden.float()
-        modulated = F.layer_norm(hidden, norm.normalized_shape, gain.view(-1), shift.view(-1), norm.eps)
-    else:
-        modulated = norm(hidden.float()) * gain + shift
+    modulated = transformer.blocks[0].norm1(hidden.float()) * gain + shift
     return modulated.reshape(batch, *grid, -1)
 
 
@@ -229,7 +240,7 @@ class _VideoSignal:
     def __init__(self):
         self.run_id: int | None = None
         self.weights_keys: tuple = ()
-        self.modulation: dict = {}  # (step, batch) -> flat (shift, gain), kept while the weights stay
+        self.modulation: dict = {}  # (step, batch) -> (shift, gain), kept while the weights stay
         self.fused: list = []  # per expert: (conv3d weight, bias, stride, layer-norm shape, eps), or None
 
     def _read_transformers(self, denoiser) -> None:
@@ -248,22 +259,16 @@ class _VideoSignal:
         batch = model_input.shape[0]
         entry = (i, batch)
         if entry not in self.modulation:
-            shift, gain = _block0_modulation(model, denoiser.timestep(i), batch, model_input.dtype,
-                                             self.weights_keys[expert])
-            self.modulation[entry] = (shift, gain) if batch > 1 else (shift.reshape(-1), gain.reshape(-1))
+            self.modulation[entry] = _block0_modulation(model, denoiser.timestep(i), batch, model_input.dtype,
+                                                        self.weights_keys[expert])
         shift, gain = self.modulation[entry]
-        fused = self.fused[expert]
-        if fused is None or batch > 1:
-            return _modulated_block0_input(model, model_input, shift, gain)
-        weight, bias, stride, shape, eps = fused
-        # tokens last as a view: layer_norm copies it contiguous, in the (B, F', H', W', D) layout returned
-        hidden = F.conv3d(model_input, weight, bias, stride).permute(0, 2, 3, 4, 1)
-        return F.layer_norm(hidden if hidden.dtype == torch.float32 else hidden.float(), shape, gain, shift, eps)
+        return _modulated_block0_input(model, model_input, shift, gain, self.fused[expert])
 
 
 def _fused_block0(model) -> tuple | None:
-    """What the fast path of `_VideoSignal` calls for this transformer: Wan's non-overlapping Conv3d patch
-    embedding and affine-free LayerNorm norm1; None for anything else (e.g. a quantised or hooked module)."""
+    """What the fused path of `_modulated_block0_input` calls for this transformer: Wan's non-overlapping
+    Conv3d patch embedding and affine-free LayerNorm norm1; None for anything else (e.g. a quantised or
+    hooked module, which is called as a module)."""
     conv, norm = model.patch_embedding, model.blocks[0].norm1
     plain_conv = (type(conv) is torch.nn.Conv3d and conv.padding_mode == "zeros" and conv.padding == (0, 0, 0)
                   and conv.dilation == (1, 1, 1) and conv.groups == 1 and conv.stride == conv.kernel_size
