@@ -9,7 +9,8 @@ read), interleaved so that machine noise hits all alike; every timing is the fas
 `--timing-repeats` back-to-back runs. Printed:
 
 * env overhead = the env's own seconds (SeaCache signal, SEA distance, latent features,
-  observation assembly: everything `MorcaEnv._observe` does) as a share of the episode's
+  observation assembly: everything `MorcaEnv._observe` does but the step's patch embedding,
+  which the signal computes for the step's transformer calls) as a share of the episode's
   latency, with a per-part breakdown (timers wrapped around each part; ~1 us each);
 * the learned scheduler's cost: `MorcaPolicy` called on every observation of a real
   episode (so with the caches the transformer just used), for the scalar-state network
@@ -47,9 +48,12 @@ PARTS = ("signal input", "SEA distance", "latent features", "feature stacking")
 
 
 class PartTimers:
-    """Wall-clock timers around the parts of an observation (module functions patched while active)."""
+    """Wall-clock timers around the parts of an observation (module functions patched while active), less the
+    denoiser's own work done inside them (the step's patch embedding, which the signal computes for the step),
+    as the env counts its overhead."""
 
-    def __init__(self):
+    def __init__(self, denoiser):
+        self.denoiser = denoiser
         self.seconds = defaultdict(float)
         self._patches = [(env_module, "signal_input_for_step", "signal input"),
                          (StepDistanceTracker, "observe", "SEA distance"),
@@ -66,11 +70,11 @@ class PartTimers:
 
     def _timed(self, function, label):
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, model_s = time.perf_counter(), self.denoiser.elapsed_s
             try:
                 return function(*args, **kwargs)
             finally:
-                self.seconds[label] += time.perf_counter() - t0
+                self.seconds[label] += time.perf_counter() - t0 - (self.denoiser.elapsed_s - model_s)
         return timed
 
     def __exit__(self, *exc):
@@ -134,7 +138,7 @@ def main() -> None:
             for state, env in (("features on", full), ("features off", lean)):
                 runs = []
                 for _ in range(args.timing_repeats):
-                    with PartTimers() as timers:
+                    with PartTimers(env.denoiser) as timers:
                         info = run_uniform_episode(env, options)
                     runs.append((info["latency_s"], info["overhead_s"], dict(timers.seconds)))
                 best = min(runs, key=lambda run: run[0])

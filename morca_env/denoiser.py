@@ -165,6 +165,16 @@ class StepwiseDenoiser:
             self._input, self._input_of = self.latents.to(self.transformer_dtype), self._latents
         return self._input
 
+    def patch_embedding(self) -> torch.Tensor:
+        """The current step's patch embedding of `model_input()`, (B, D, F', H', W'): model work, timed as the
+        step's. The official signal reads it before the decision; both CFG branches' transformer calls then
+        get it from the cache's memo instead of recomputing it."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            tokens = self.expert(self._index).patch_embedding(self.model_input())
+        self.elapsed_s += time.perf_counter() - t0
+        return tokens
+
     def cache(self, step: int) -> ResidualCache:
         return self.cache_for(step)
 

@@ -427,12 +427,13 @@ class MorcaEnv(gym.Env):
     def _observe(self) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         den, i = self.denoiser, self.denoiser.step_index
+        model_s = den.elapsed_s  # the step's own work done early (its patch embedding) is not the env's
         if den.done:
             obs = self.observer.observe(None, den.latents)
         else:
             obs = self.observer.observe(i, den.latents, signal_input_for_step(self.signal_kind, den), den.sigma(i),
                                         den.cache_valid(i))
-        self._overhead_s += time.perf_counter() - t0
+        self._overhead_s += time.perf_counter() - t0 - (den.elapsed_s - model_s)
         return obs
 
     @property

@@ -142,41 +142,39 @@ def official_signal_input(transformer, latents: torch.Tensor, timestep: torch.Te
 
     Returns (B, F', H', W', D). Runs only the patch embedding and block 0's first norm (the
     time modulation is kept per timestep, `_block0_modulation`): a small fraction of one
-    transformer call. The patch embedding is recomputed: the signal decides the step, so it is
-    needed before the transformer's own call would compute it (a 2x2x2 convolution, 23-36 us
-    on MorcaTiny on one CPU thread, measured warm).
+    transformer call. The patch embedding is called as the transformer's module, so where a
+    `ResidualCache` is installed (the env, `accelerate`) the transformer's own calls on the
+    same input get it from the cache's memo instead of computing it again.
     """
     with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
         dtype = transformer.patch_embedding.weight.dtype  # ModelMixin.dtype walks all modules
         shift, gain = _block0_modulation(transformer, timestep, latents.shape[0], dtype)
-        return _modulated_block0_input(transformer, latents.to(dtype), shift, gain)
+        return _modulated_block0_input(transformer, transformer.patch_embedding(latents.to(dtype)), shift, gain)
 
 
 _READ_NOW = object()
 
 
-def _modulated_block0_input(transformer, model_input: torch.Tensor, shift: torch.Tensor, gain: torch.Tensor,
-                            fused=_READ_NOW) -> torch.Tensor:
-    """norm1(patch_embedding(model_input)) * gain + shift, reshaped to (B, F', H', W', D).
+def _modulated_block0_input(transformer, patches: torch.Tensor, shift: torch.Tensor, gain: torch.Tensor,
+                            norm=_READ_NOW) -> torch.Tensor:
+    """norm1(patches as tokens) * gain + shift, as (B, F', H', W', D); `patches` is the patch embedding's
+    output (B, D, F', H', W').
 
-    `fused`: what `_fused_block0` read of this transformer (the caller's, read once per video, or
-    read now); for one video it makes the convolution and the modulated norm two ops.
+    `norm`: what `_plain_norm1` read of this transformer (the caller's, read once per video, or
+    read now); for one video the modulated norm is then one layer_norm with the modulation as its affine.
     """
-    if fused is _READ_NOW:
-        fused = _fused_block0(transformer)
-    batch = model_input.shape[0]
-    if fused is not None and batch == 1:
-        weight, bias, stride, shape, eps = fused
+    if norm is _READ_NOW:
+        norm = _plain_norm1(transformer)
+    batch = patches.shape[0]
+    if norm is not None and batch == 1:
         # tokens last as a view: layer_norm copies it contiguous, in the (B, F', H', W', D) layout returned
-        hidden = F.conv3d(model_input, weight, bias, stride).permute(0, 2, 3, 4, 1)
+        hidden = patches.permute(0, 2, 3, 4, 1)
         if hidden.dtype != torch.float32:
             hidden = hidden.float()
-        return F.layer_norm(hidden, shape, gain.reshape(-1), shift.reshape(-1), eps)
-    p_t, p_h, p_w = transformer.config.patch_size
-    grid = (model_input.shape[2] // p_t, model_input.shape[3] // p_h, model_input.shape[4] // p_w)
-    hidden = transformer.patch_embedding(model_input).flatten(2).transpose(1, 2)
+        return F.layer_norm(hidden, norm[0], gain.reshape(-1), shift.reshape(-1), norm[1])
+    hidden = patches.flatten(2).transpose(1, 2)
     modulated = transformer.blocks[0].norm1(hidden.float()) * gain + shift
-    return modulated.reshape(batch, *grid, -1)
+    return modulated.reshape(batch, *patches.shape[2:], -1)
 
 
 _MODULATION_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -234,50 +232,47 @@ class _VideoSignal:
     (checking the weights behind the memoised time modulation, looking up modules and
     parameters through `nn.Module.__getattr__`) cost about as much as the arithmetic inside a
     MorcaTiny episode. A weight replaced or written in place mid-video is seen from the next
-    video on; `official_signal_input` checks at every call.
+    video on; `official_signal_input` checks at every call. The patch embedding is the
+    denoiser's (`StepwiseDenoiser.patch_embedding`): the step's own, computed once.
     """
 
     def __init__(self):
         self.run_id: int | None = None
         self.weights_keys: tuple = ()
         self.modulation: dict = {}  # (step, batch) -> (shift, gain), kept while the weights stay
-        self.fused: list = []  # per expert: (conv3d weight, bias, stride, layer-norm shape, eps), or None
+        self.norms: list = []  # per expert: block 0's norm1 as (layer-norm shape, eps), or None
 
     def _read_transformers(self, denoiser) -> None:
         keys = tuple(_modulation_weights_key(model) for model in denoiser.experts)
         if keys != self.weights_keys:
             self.modulation.clear()
         self.run_id, self.weights_keys = denoiser.run_id, keys
-        self.fused = [_fused_block0(model) for model in denoiser.experts]
+        self.norms = [_plain_norm1(model) for model in denoiser.experts]
 
     def __call__(self, denoiser) -> torch.Tensor:
         if self.run_id != denoiser.run_id:
             self._read_transformers(denoiser)
         i = denoiser.step_index
         expert = denoiser.expert_of_step[i]
-        model, model_input = denoiser.experts[expert], denoiser.model_input()  # not step_input: no timestep tensor
-        batch = model_input.shape[0]
+        model, patches = denoiser.experts[expert], denoiser.patch_embedding()
+        batch = patches.shape[0]
         entry = (i, batch)
         if entry not in self.modulation:
-            self.modulation[entry] = _block0_modulation(model, denoiser.timestep(i), batch, model_input.dtype,
+            self.modulation[entry] = _block0_modulation(model, denoiser.timestep(i), batch, denoiser.transformer_dtype,
                                                         self.weights_keys[expert])
         shift, gain = self.modulation[entry]
-        return _modulated_block0_input(model, model_input, shift, gain, self.fused[expert])
+        return _modulated_block0_input(model, patches, shift, gain, self.norms[expert])
 
 
-def _fused_block0(model) -> tuple | None:
-    """What the fused path of `_modulated_block0_input` calls for this transformer: Wan's non-overlapping
-    Conv3d patch embedding and affine-free LayerNorm norm1; None for anything else (e.g. a quantised or
-    hooked module, which is called as a module)."""
-    conv, norm = model.patch_embedding, model.blocks[0].norm1
-    plain_conv = (type(conv) is torch.nn.Conv3d and conv.padding_mode == "zeros" and conv.padding == (0, 0, 0)
-                  and conv.dilation == (1, 1, 1) and conv.groups == 1 and conv.stride == conv.kernel_size
-                  and not (conv._forward_hooks or conv._forward_pre_hooks))
-    plain_norm = (type(norm) in (torch.nn.LayerNorm, FP32LayerNorm) and norm.weight is None and norm.bias is None
-                  and not (norm._forward_hooks or norm._forward_pre_hooks))  # on a float32 input both are one layer_norm
-    if not (plain_conv and plain_norm):
-        return None
-    return conv.weight, conv.bias, conv.stride, norm.normalized_shape, norm.eps
+def _plain_norm1(model) -> tuple | None:
+    """Block 0's norm1 as (normalized shape, eps) when it is an affine-free `LayerNorm` / `FP32LayerNorm`
+    without hooks (Wan's; on a float32 input both are one layer_norm), so that the modulation can be its
+    affine; None for anything else, which is called as a module."""
+    norm = model.blocks[0].norm1
+    if type(norm) in (torch.nn.LayerNorm, FP32LayerNorm) and norm.weight is None and norm.bias is None \
+            and not (norm._forward_hooks or norm._forward_pre_hooks):
+        return norm.normalized_shape, norm.eps
+    return None
 
 
 _VIDEO_SIGNALS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

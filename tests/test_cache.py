@@ -88,6 +88,7 @@ def test_remove_restores_forward_exactly(wan21_pipe):
     assert torch.equal(before, after)
     for block in transformer.blocks:
         assert not block._diffusers_hook.hooks
+    assert not transformer.patch_embedding._diffusers_hook.hooks
     StepwiseDenoiser(wan21_pipe, CFG).close()  # installable again after removal
 
 
@@ -403,3 +404,59 @@ def test_snapshot_and_restore_put_back_each_branchs_residual(wan21_pipe):
                     y = block(y, ehs, temb, rope)
             assert torch.allclose(y, h - 2.0 + residuals[branch], atol=1e-6), branch
     cache.remove()
+
+
+class ConvCounter:
+    """Counts the patch embedding's real convolutions (a memo hit runs none)."""
+
+    def __init__(self, conv):
+        self.count, self._inner = 0, conv._conv_forward
+        conv._conv_forward = self._counted
+
+    def _counted(self, *args):
+        self.count += 1
+        return self._inner(*args)
+
+
+def test_patch_embedding_runs_once_per_step_for_the_signal_and_both_branches(wan21_pipe):
+    """The signal computes the step's patch embedding before the decision; both CFG branches' transformer calls
+    get it from the memo (before: 3 convolutions per step; stock generation: 2)."""
+    from morca_env.signals import signal_input_for_step
+
+    den = StepwiseDenoiser(wan21_pipe, CFG)
+    counter = ConvCounter(den.experts[0].patch_embedding)
+    cond, uncond = prompt_embeds()
+    den.start(prompt_embeds=cond, negative_prompt_embeds=uncond, seed=0)
+    for i in range(4):
+        signal_input_for_step("official", den)
+        den.step(reuse=i == 3)
+    assert counter.count == 4
+    den.generate(prompt_embeds=cond, negative_prompt_embeds=uncond, seed=0)  # no signal: cond computes, uncond hits
+    assert counter.count == 4 + den.num_steps
+    den.close()
+    assert not den.experts[0].patch_embedding._diffusers_hook.hooks
+
+
+def test_patch_embedding_memo_recomputes_on_a_changed_input_weight_or_output_and_under_autograd(wan21_pipe):
+    conv = wan21_pipe.transformer.patch_embedding
+    den = StepwiseDenoiser(wan21_pipe, CFG)
+
+    def plain(x):
+        return torch.nn.functional.conv3d(x, conv.weight, conv.bias, conv.stride)
+
+    x = torch.randn(1, 4, 3, 4, 4)
+    with torch.no_grad():
+        first = conv(x)
+        assert conv(x) is first and torch.equal(first, plain(x))
+        assert first.permute(0, 2, 3, 4, 1).is_contiguous()  # token-major: the transformer's tokens come contiguous
+        x.add_(1.0)  # the same tensor written in place
+        assert torch.equal(conv(x), plain(x)) and not torch.equal(conv(x), first)
+        conv.weight.mul_(2.0)
+        assert torch.equal(conv(x), plain(x))
+        conv(x).add_(3.0)  # a caller wrote into the memo's output
+        assert torch.equal(conv(x), plain(x))
+        y = x.clone()
+        assert conv(y) is not conv(x) and torch.equal(conv(y), conv(x))
+    out = conv(x)  # autograd on: never served from the memo
+    assert out.requires_grad and torch.equal(out.detach(), plain(x).detach())
+    den.close()

@@ -316,3 +316,23 @@ def test_dithered_budget_hits_the_target_speedup_on_average(tmp_path):
         calib.budget_for_speedup(target)}
     with pytest.raises(ValueError, match="budget_rounding='up'; valid: \\('dither', 'nearest'\\)"):
         tiny_env(tmp_path, budget=0, budget_rounding="up")
+
+
+def test_the_steps_patch_embedding_computed_by_the_signal_counts_as_model_time(tmp_path):
+    """The signal computes the step's patch embedding for the step's transformer calls: its seconds are the
+    denoiser's (latency), not the env's overhead."""
+    import time as time_module
+
+    env = tiny_env(tmp_path, budget=4).unwrapped
+    conv = env.denoiser.experts[0].patch_embedding
+    inner = conv._conv_forward
+
+    def slow(*args):
+        time_module.sleep(0.02)
+        return inner(*args)
+
+    conv._conv_forward = slow
+    _, infos = run_episode(env, lambda obs: 0)
+    steps = env.num_steps
+    assert infos[-1]["overhead_s"] < 0.02 * steps / 2  # one slow convolution per step, none in the overhead
+    assert infos[-1]["latency_s"] >= 0.02 * steps
