@@ -82,16 +82,36 @@ def _axis_groups(shape: tuple[int, ...], axes: list[int]) -> list[list[int]]:
 def _filter_plan(shape: tuple[int, ...], axes: tuple[int, ...], sigma: float, power_exp: float,
                  device: torch.device) -> tuple:
     """The matrix products that filter a tensor of `shape`: (operator, leading rows or None to right-multiply,
-    merged size) per axis group. Planned once per (shape, sigma): a sampler visits the same sigmas every
-    video, and in an episode the per-call Python of planning cost ~40 us on MorcaTiny."""
+    merged size) per axis group, a batched operator already expanded to its rows. Planned once per (shape,
+    sigma): a sampler visits the same sigmas every video, and in an episode the per-call Python of planning
+    cost ~40 us on MorcaTiny."""
     plan = []
     for group in _axis_groups(shape, sorted({a % len(shape) for a in axes})):
         size = math.prod(shape[a] for a in group)
         operator = _group_operator(tuple(shape[a] for a in group), sigma, power_exp, device)
         # the operator is symmetric: right-multiplying applies it along the last axes
         rows = None if group[-1] == len(shape) - 1 else math.prod(shape[:group[0]])
-        plan.append((operator, rows, size))
+        plan.append((operator if rows in (None, 1) else operator.expand(rows, size, size), rows, size))
     return tuple(plan)
+
+
+def _sea_sigma(sigma: float) -> float:
+    return min(max(float(sigma), 1e-6), 1.0 - 1e-6)
+
+
+def _apply_filter_plan(x: torch.Tensor, plan: tuple) -> torch.Tensor:
+    """x (float32) filtered by `plan`, in the layout of the plan's last product (reshape to x's shape)."""
+    out = x
+    # mm and bmm, not matmul: a 2-d operator times a 3-d tensor made matmul fold it through transposed copies
+    # (measured 71 vs 56 us per filter on MorcaTiny's grid, bitwise the same result)
+    for operator, rows, size in plan:
+        if rows is None:
+            out = torch.mm(out.reshape(-1, size), operator)
+        elif rows == 1:
+            out = torch.mm(operator, out.reshape(size, -1))
+        else:
+            out = torch.bmm(operator, out.reshape(rows, size, -1))
+    return out
 
 
 def sea_filter(x: torch.Tensor, sigma: float, axes: tuple[int, ...], power_exp: float = 3.0) -> torch.Tensor:
@@ -104,32 +124,27 @@ def sea_filter(x: torch.Tensor, sigma: float, axes: tuple[int, ...], power_exp: 
     """
     if x.dtype != torch.float32:
         x = x.float()
-    sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
-    out = x
-    # mm and bmm, not matmul: a 2-d operator times a 3-d tensor made matmul fold it through transposed copies
-    # (measured 71 vs 56 us per filter on MorcaTiny's grid, bitwise the same result)
-    for operator, rows, size in _filter_plan(tuple(x.shape), tuple(axes), sigma, float(power_exp), x.device):
-        if rows is None:
-            out = torch.mm(out.reshape(-1, size), operator)
-        elif rows == 1:
-            out = torch.mm(operator, out.reshape(size, -1))
-        else:
-            out = torch.bmm(operator.expand(rows, size, size), out.reshape(rows, size, -1))
-    return out.reshape(x.shape)
+    plan = _filter_plan(tuple(x.shape), tuple(axes), _sea_sigma(sigma), float(power_exp), x.device)
+    return _apply_filter_plan(x, plan).reshape(x.shape)
 
 
 def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
     """mean|current - previous| / (mean|previous| + 1e-16), averaged over the batch dimension."""
+    if current.shape[0] == 1:
+        return _relative_l1_of_one(current, previous)
     size = current[0].numel()
-    if current.shape[0] == 1:  # one video: no per-item sums (in an episode each torch op costs 10-40 us)
-        difference, magnitude = torch.stack([(current - previous).abs_().sum(), previous.abs().sum()]).tolist()
-        return difference / size / (magnitude / size + _EPS)
     cur = current.reshape(current.shape[0], -1)
     prev = previous.reshape(previous.shape[0], -1)
     # both sums in one tensor, read back once (measured: a third of this function's cost was the reads)
     differences, magnitudes = torch.stack([(cur - prev).abs_().sum(dim=1), prev.abs().sum(dim=1)]).tolist()
     return sum(d / size / (m / size + _EPS) for d, m in zip(differences, magnitudes)) / len(differences)
 
+
+def _relative_l1_of_one(current: torch.Tensor, previous: torch.Tensor) -> float:
+    """`relative_l1` of one video in any layout: no per-item sums (in an episode each torch op costs 10-40 us)."""
+    difference, magnitude = torch.stack([(current - previous).abs_().sum(), previous.abs().sum()]).tolist()
+    size = current.numel()
+    return difference / size / (magnitude / size + _EPS)
 
 
 def latent_signal_input(latents: torch.Tensor) -> torch.Tensor:
@@ -311,6 +326,7 @@ class StepDistanceTracker:
     accumulated: float = 0.0
     _previous: torch.Tensor | None = field(default=None, repr=False)
     _since_recompute: float = 0.0
+    _plans: dict = field(default_factory=dict, repr=False)  # (shape, device, sigma) -> the filter's plan
 
     def __post_init__(self):
         if self.kind not in SIGNAL_KINDS:
@@ -321,9 +337,26 @@ class StepDistanceTracker:
         self._previous = None
 
     def observe(self, signal_input: torch.Tensor, sigma: float) -> float:
+        """`sea_filter` and `relative_l1`, with the filter planned once per (shape, sigma) here and the filtered
+        signal kept in the filter's layout (one video): in an episode the lookups and reshapes the public
+        functions make per call were a fifth of the step distance's cost."""
         with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
-            filtered = sea_filter(signal_input, sigma, signal_axes(self.kind), self.power_exp)
-            self.distance = 0.0 if self._previous is None else relative_l1(filtered, self._previous)
+            key = (signal_input.shape, signal_input.device, sigma)
+            plan = self._plans.get(key)
+            if plan is None:
+                if len(self._plans) >= 1024:  # another sampler: start over rather than grow
+                    self._plans.clear()
+                plan = self._plans[key] = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind),
+                                                       _sea_sigma(sigma), float(self.power_exp), signal_input.device)
+            filtered = _apply_filter_plan(signal_input if signal_input.dtype == torch.float32
+                                          else signal_input.float(), plan)
+            if self._previous is None:
+                self.distance = 0.0
+            elif signal_input.shape[0] == 1:
+                self.distance = _relative_l1_of_one(filtered, self._previous)
+            else:
+                self.distance = relative_l1(filtered.reshape(signal_input.shape),
+                                            self._previous.reshape(signal_input.shape))
             self._previous = filtered
             self.accumulated = self._since_recompute + self.distance
             return self.distance

@@ -226,6 +226,21 @@ def test_tracker_distance_is_relative_l1_per_item_averaged_over_a_batch():
     assert tracker.observe(xs[2], 0.5) == 0.0
 
 
+def test_tracker_plans_the_filter_per_sigma_and_equals_the_public_functions():
+    """The tracker's planned filter in its own layout gives bitwise the distances of `sea_filter` + `relative_l1`,
+    for every sigma of a video and again for a second video (plans reused), on the official (tokens-last) layout."""
+    tracker = StepDistanceTracker("official")
+    g = torch.Generator().manual_seed(2)
+    sigmas = (0.95, 0.8, 0.6, 0.35, 0.1)
+    for video in range(2):
+        tracker.reset()
+        xs = [torch.randn(1, 4, 8, 8, 16, generator=g) for _ in sigmas]
+        assert tracker.observe(xs[0], sigmas[0]) == 0.0
+        for i in range(1, len(sigmas)):
+            expected = relative_l1(sea_filter(xs[i], sigmas[i], (1, 2, 3)), sea_filter(xs[i - 1], sigmas[i - 1], (1, 2, 3)))
+            assert tracker.observe(xs[i], sigmas[i]) == expected, (video, i)
+
+
 def _denoiser(pipe, steps=8):
     from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
