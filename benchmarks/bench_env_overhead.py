@@ -56,8 +56,8 @@ class PartTimers:
         self.denoiser = denoiser
         self.seconds = defaultdict(float)
         self._patches = [(env_module, "signal_input_for_step", "signal input"),
-                         (StepDistanceTracker, "observe", "SEA distance"),
-                         (observation_module, "latent_features", "latent features"),
+                         (StepDistanceTracker, "observe_no_grad", "SEA distance"),
+                         (observation_module, "latent_features_no_grad", "latent features"),
                          (observation_module, "stack_features", "feature stacking")]
         self._originals = []
 

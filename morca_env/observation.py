@@ -14,7 +14,7 @@ import torch
 from gymnasium import spaces
 
 from .budget import BudgetSpec
-from .features import feature_shapes, latent_features, stack_features
+from .features import feature_shapes, latent_features_no_grad, stack_features
 from .signals import StepDistanceTracker
 
 # ----------------------------------------------------------------- the layout (its one home)
@@ -106,26 +106,27 @@ class ObservationBuilder:
     def observe(self, step: int | None, latents: torch.Tensor, signal_input: torch.Tensor | None = None,
                 sigma: float | None = None, cache_valid: bool = False) -> dict[str, np.ndarray]:
         """The observation before step `step`'s decision (`step=None`: the terminal observation)."""
-        n = self.spec.num_steps
-        current = latent_features(latents) if self.latent_features else None
-        if step is not None:
-            self.tracker.observe(signal_input, sigma)
-            self.mask = (self.spec.action_mask(step, self.used, self.budget, cache_valid) if self.enforce_budget
-                         else self.spec.unconstrained_mask(step, cache_valid))
-            distance, accumulated, index = self.tracker.distance, self.tracker.accumulated, step
-        else:
-            cache_valid, distance, accumulated, index = False, 0.0, 0.0, n
-            self.mask = TERMINAL_MASK.copy()
-        if current is None:
-            shapes = feature_shapes(latents.shape[1])
-            pooled, temporal = (np.zeros(shapes[k], dtype=np.float32) for k in ("pooled", "temporal"))
-        else:
-            pooled, temporal = stack_features(current, self._previous or current, self._last or current)
-        since = 0 if self.last_recompute is None else index - self.last_recompute
-        scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
-                            float(cache_valid)], dtype=np.float32)
-        self._current = current
-        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
+        with torch.no_grad():  # one context for the features and the distance (in an episode ~5 us each)
+            n = self.spec.num_steps
+            current = latent_features_no_grad(latents) if self.latent_features else None
+            if step is not None:
+                self.tracker.observe_no_grad(signal_input, sigma)
+                self.mask = (self.spec.action_mask(step, self.used, self.budget, cache_valid) if self.enforce_budget
+                             else self.spec.unconstrained_mask(step, cache_valid))
+                distance, accumulated, index = self.tracker.distance, self.tracker.accumulated, step
+            else:
+                cache_valid, distance, accumulated, index = False, 0.0, 0.0, n
+                self.mask = TERMINAL_MASK.copy()
+            if current is None:
+                shapes = feature_shapes(latents.shape[1])
+                pooled, temporal = (np.zeros(shapes[k], dtype=np.float32) for k in ("pooled", "temporal"))
+            else:
+                pooled, temporal = stack_features(current, self._previous or current, self._last or current)
+            since = 0 if self.last_recompute is None else index - self.last_recompute
+            scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
+                                float(cache_valid)], dtype=np.float32)
+            self._current = current
+            return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
 
     def project(self, action: int, step: int, cache_valid: bool) -> tuple[int, bool]:
         return self.spec.project(action, step, self.used, self.budget, cache_valid, self.enforce_budget)

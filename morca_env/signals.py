@@ -142,7 +142,7 @@ def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
 
 def _relative_l1_of_one(current: torch.Tensor, previous: torch.Tensor) -> float:
     """`relative_l1` of one video in any layout: no per-item sums (in an episode each torch op costs 10-40 us)."""
-    difference, magnitude = torch.stack([(current - previous).abs_().sum(), previous.abs().sum()]).tolist()
+    difference, magnitude = (current - previous).abs_().sum().item(), previous.abs().sum().item()  # 2 reads < stack
     size = current.numel()
     return difference / size / (magnitude / size + _EPS)
 
@@ -337,29 +337,32 @@ class StepDistanceTracker:
         self._previous = None
 
     def observe(self, signal_input: torch.Tensor, sigma: float) -> float:
-        """`sea_filter` and `relative_l1`, with the filter planned once per (shape, sigma) here and the filtered
-        signal kept in the filter's layout (one video): in an episode the lookups and reshapes the public
-        functions make per call were a fifth of the step distance's cost."""
+        """d_t of this step's signal input (also kept in `distance`; `accumulated` is D_t)."""
         with torch.no_grad():  # not a decorator: mutmut leaves decorated functions unmutated
-            key = (signal_input.shape, signal_input.device, sigma)
-            plan = self._plans.get(key)
-            if plan is None:
-                if len(self._plans) >= 1024:  # another sampler: start over rather than grow
-                    self._plans.clear()
-                plan = self._plans[key] = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind),
-                                                       _sea_sigma(sigma), float(self.power_exp), signal_input.device)
-            filtered = _apply_filter_plan(signal_input if signal_input.dtype == torch.float32
-                                          else signal_input.float(), plan)
-            if self._previous is None:
-                self.distance = 0.0
-            elif signal_input.shape[0] == 1:
-                self.distance = _relative_l1_of_one(filtered, self._previous)
-            else:
-                self.distance = relative_l1(filtered.reshape(signal_input.shape),
-                                            self._previous.reshape(signal_input.shape))
-            self._previous = filtered
-            self.accumulated = self._since_recompute + self.distance
-            return self.distance
+            return self.observe_no_grad(signal_input, sigma)
+
+    def observe_no_grad(self, signal_input: torch.Tensor, sigma: float) -> float:
+        """`observe` for callers under `torch.no_grad()`. `sea_filter` and `relative_l1`, with the filter planned
+        once per (shape, sigma) here and the filtered signal kept in the filter's layout (one video): in an
+        episode the lookups and reshapes the public functions make per call were a fifth of the cost."""
+        key = (signal_input.shape, signal_input.device, sigma)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 1024:  # another sampler: start over rather than grow
+                self._plans.clear()
+            plan = self._plans[key] = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind),
+                                                   _sea_sigma(sigma), float(self.power_exp), signal_input.device)
+        filtered = _apply_filter_plan(signal_input if signal_input.dtype == torch.float32
+                                      else signal_input.float(), plan)
+        if self._previous is None:
+            self.distance = 0.0
+        elif signal_input.shape[0] == 1:
+            self.distance = _relative_l1_of_one(filtered, self._previous)
+        else:
+            self.distance = relative_l1(filtered.reshape(signal_input.shape), self._previous.reshape(signal_input.shape))
+        self._previous = filtered
+        self.accumulated = self._since_recompute + self.distance
+        return self.distance
 
     def record(self, action: int) -> None:
         self._since_recompute = 0.0 if action == 0 else self.accumulated

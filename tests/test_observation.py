@@ -186,3 +186,16 @@ def test_parse_action_accepts_a_single_0_or_1(action, expected):
 def test_parse_action_rejects_anything_else(action):
     with pytest.raises(ValueError):
         parse_action(action)
+
+
+def test_latents_that_require_grad_are_observed_without_autograd():
+    """The builder runs the features and the distance under one no_grad: a latent that requires grad (a user's
+    differentiable sampler) still gives plain arrays, and no graph is kept."""
+    xs = [x.requires_grad_() for x in latents(3)]
+    builder = ObservationBuilder(BudgetSpec(N, forced_recompute_steps(N)), signal_kind="latent")
+    builder.reset(K)
+    for i in range(2):
+        obs = builder.observe(i, xs[i], xs[i], SIGMAS[i], cache_valid=i > 0)
+        assert all(isinstance(obs[key], np.ndarray) for key in OBS_KEYS)
+        builder.record(i, 0)
+    assert not builder.tracker._previous.requires_grad
