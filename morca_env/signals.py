@@ -182,11 +182,14 @@ def _modulated_block0_input(transformer, patches: torch.Tensor, shift: torch.Ten
         norm = _plain_norm1(transformer)
     batch = patches.shape[0]
     if norm is not None and batch == 1:
-        # tokens last as a view: layer_norm copies it contiguous, in the (B, F', H', W', D) layout returned
+        # tokens last as a view (contiguous when the patches come token-major from the cache's memo; else
+        # layer_norm copies it), in the (B, F', H', W', D) layout returned
         hidden = patches.permute(0, 2, 3, 4, 1)
         if hidden.dtype != torch.float32:
             hidden = hidden.float()
-        return F.layer_norm(hidden, norm[0], gain.reshape(-1), shift.reshape(-1), norm[1])
+        if gain.dim() != 1:  # `_VideoSignal` keeps them flat already: two ops fewer per step
+            gain, shift = gain.reshape(-1), shift.reshape(-1)
+        return F.layer_norm(hidden, norm[0], gain, shift, norm[1])
     hidden = patches.flatten(2).transpose(1, 2)
     modulated = transformer.blocks[0].norm1(hidden.float()) * gain + shift
     return modulated.reshape(batch, *patches.shape[2:], -1)
@@ -273,8 +276,10 @@ class _VideoSignal:
         batch = patches.shape[0]
         entry = (i, batch)
         if entry not in self.modulation:
-            self.modulation[entry] = _block0_modulation(model, denoiser.timestep(i), batch, denoiser.transformer_dtype,
-                                                        self.weights_keys[expert])
+            shift, gain = _block0_modulation(model, denoiser.timestep(i), batch, denoiser.transformer_dtype,
+                                             self.weights_keys[expert])
+            # one video: flat (D,), the fused norm's affine as it is (and broadcast alike on the generic path)
+            self.modulation[entry] = (shift.reshape(-1), gain.reshape(-1)) if batch == 1 else (shift, gain)
         shift, gain = self.modulation[entry]
         return _modulated_block0_input(model, patches, shift, gain, self.norms[expert])
 
