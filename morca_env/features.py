@@ -75,9 +75,11 @@ def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recom
     trio = (current, previous, last_recompute)
     pooled = torch.cat([f.pooled for f in trio], dim=0)
     temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=0)
-    if pooled.device.type != "cpu":
+    if not pooled.is_cpu:
         pooled, temporal = pooled.cpu(), temporal.cpu()
-    return pooled.numpy().astype(np.float32, copy=False), temporal.numpy().astype(np.float32, copy=False)
+    if pooled.dtype != torch.float32:  # `latent_features` gives float32; features built otherwise are cast
+        pooled, temporal = pooled.float(), temporal.float()
+    return pooled.numpy(), temporal.numpy()
 
 
 def feature_shapes(channels: int) -> dict[str, tuple[int, ...]]:

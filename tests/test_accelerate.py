@@ -26,7 +26,23 @@ def test_budget_zero_is_exactly_the_stock_pipeline(kind):
     for block in pipe.transformer.blocks:  # hooks removed afterwards
         assert not block._diffusers_hook.hooks
     assert not pipe.transformer._diffusers_hook.hooks
+    assert not pipe.transformer.patch_embedding._diffusers_hook.hooks
     assert torch.equal(pipe(**call(pipe, **extra)).frames, stock)
+
+
+def test_each_step_runs_one_patch_embedding_for_the_signal_and_both_branches():
+    """The official signal's patch embedding is the one the step's cond and uncond calls use (the cache's memo):
+    one convolution per step instead of three; a stock call without the hooks runs two."""
+    from tests.test_cache import ConvCounter
+
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    counter = ConvCounter(pipe.transformer.patch_embedding)
+    stock = pipe(**call(pipe)).frames
+    assert counter.count == 2 * CALL["num_inference_steps"]
+    counter.count = 0
+    result = morca_env.accelerate(pipe, UniformInterval(), budget=0, **call(pipe))
+    assert counter.count == CALL["num_inference_steps"]
+    assert torch.equal(result.output.frames, stock)
 
 
 @pytest.mark.parametrize("policy", [UniformInterval(), RandomFeasible(3), SeaCacheThreshold(0.2)])
