@@ -33,8 +33,8 @@ def latent_features(latents: torch.Tensor) -> LatentFeatures:
 
 
 def latent_features_no_grad(latents: torch.Tensor) -> LatentFeatures:
-    """`latent_features` for callers already under `torch.no_grad()` (the observation builder: in an episode
-    each context entered costs ~5 us)."""
+    """`latent_features` without its autograd context, for callers under `torch.no_grad()` or whose latents do
+    not require grad (the observation builder: in an episode entering and leaving a context costs ~15 us)."""
     x = latents if latents.dtype == torch.float32 else latents.float()
     if x.ndim == 5:
         if x.shape[0] != 1:

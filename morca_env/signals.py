@@ -347,7 +347,8 @@ class StepDistanceTracker:
             return self.observe_no_grad(signal_input, sigma)
 
     def observe_no_grad(self, signal_input: torch.Tensor, sigma: float) -> float:
-        """`observe` for callers under `torch.no_grad()`. `sea_filter` and `relative_l1`, with the filter planned
+        """`observe` without its autograd context, for callers under `torch.no_grad()` or whose signal does not
+        require grad (the observation builder). `sea_filter` and `relative_l1`, with the filter planned
         once per (shape, sigma) here and the filtered signal kept in the filter's layout (one video): in an
         episode the lookups and reshapes the public functions make per call were a fifth of the cost."""
         key = (signal_input.shape, signal_input.device, sigma)
