@@ -331,7 +331,6 @@ class StepDistanceTracker:
     accumulated: float = 0.0
     _previous: torch.Tensor | None = field(default=None, repr=False)
     _since_recompute: float = 0.0
-    _plans: dict = field(default_factory=dict, repr=False)  # (shape, device, sigma) -> the filter's plan
 
     def __post_init__(self):
         if self.kind not in SIGNAL_KINDS:
@@ -348,16 +347,11 @@ class StepDistanceTracker:
 
     def observe_no_grad(self, signal_input: torch.Tensor, sigma: float) -> float:
         """`observe` without its autograd context, for callers under `torch.no_grad()` or whose signal does not
-        require grad (the observation builder). `sea_filter` and `relative_l1`, with the filter planned
-        once per (shape, sigma) here and the filtered signal kept in the filter's layout (one video): in an
-        episode the lookups and reshapes the public functions make per call were a fifth of the cost."""
-        key = (signal_input.shape, signal_input.device, sigma)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 1024:  # another sampler: start over rather than grow
-                self._plans.clear()
-            plan = self._plans[key] = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind),
-                                                   _sea_sigma(sigma), float(self.power_exp), signal_input.device)
+        require grad (the observation builder). `sea_filter` and `relative_l1` with the filtered signal kept in
+        the filter's layout (one video): in an episode the reshapes and per-item sums the public functions make
+        per call were a sixth of the cost."""
+        plan = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind), _sea_sigma(sigma), float(self.power_exp),
+                            signal_input.device)
         filtered = _apply_filter_plan(signal_input if signal_input.dtype == torch.float32
                                       else signal_input.float(), plan)
         if self._previous is None:
