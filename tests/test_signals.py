@@ -268,10 +268,32 @@ def test_signal_of_each_step_is_official_signal_input(kind, hooked):
         for i in range(den.num_steps):
             ours = signal_input_for_step("official", den)
             expected = official_signal_input(*den.step_input(i))
-            assert ours.shape == expected.shape
+            assert ours.shape == expected.shape and not ours.requires_grad  # the weights do require grad
             assert torch.allclose(ours, expected, atol=1e-6, rtol=1e-6), (kind, hooked, seed, i)
             den.step(reuse=i % 3 == 2 and den.cache_valid(i))
     assert len({den.expert_of_step[i] for i in range(den.num_steps)}) == (2 if kind == "wan22" else 1)
+
+
+def test_signal_through_an_affine_norm1_builds_no_graph(wan21_pipe):
+    """A block-0 norm with trained affine weights (not Wan's) is called as a module, under no_grad: the signal
+    equals `official_signal_input` and carries no autograd graph."""
+    from morca_env.signals import signal_input_for_step
+
+    den, embeds = _denoiser(wan21_pipe)
+    block = den.experts[0].blocks[0]
+    original = block.norm1
+    dim = block.scale_shift_table.shape[-1]
+    block.norm1 = torch.nn.LayerNorm(dim, eps=1e-6, elementwise_affine=True)
+    try:
+        with torch.no_grad():
+            block.norm1.weight.uniform_(0.5, 1.5)
+        assert block.norm1.weight.requires_grad
+        den.start(seed=0, **embeds)
+        ours = signal_input_for_step("official", den)
+        assert not ours.requires_grad and ours.grad_fn is None
+        assert torch.allclose(ours, official_signal_input(*den.step_input(0)), atol=1e-6)
+    finally:
+        block.norm1 = original
 
 
 def test_signal_reads_the_weights_once_per_video(wan21_pipe):
