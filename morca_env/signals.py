@@ -142,7 +142,9 @@ def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
 
 def _relative_l1_of_one(current: torch.Tensor, previous: torch.Tensor) -> float:
     """`relative_l1` of one video in any layout: no per-item sums (in an episode each torch op costs 10-40 us)."""
-    difference, magnitude = (current - previous).abs_().sum().item(), previous.abs().sum().item()  # 2 reads < stack
+    # two reads (cheaper than stacking the sums); abs twice, not abs_ and abs: one op kind fewer per step, whose
+    # cold first call in an episode cost 17 us (in-process A/B in 3x episodes: 314 vs 298 us per step distance)
+    difference, magnitude = (current - previous).abs().sum().item(), previous.abs().sum().item()
     size = current.numel()
     return difference / size / (magnitude / size + _EPS)
 
