@@ -9,7 +9,7 @@ recompute): `pooled` (3C, 4, 8, 8) and `temporal` (6C, 8, 8) = 3 means then 3 va
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,11 +19,15 @@ POOLED_GRID = (4, 8, 8)
 TEMPORAL_GRID = (8, 8)
 
 
-@dataclass(frozen=True)
-class LatentFeatures:
-    pooled: torch.Tensor  # (C, 4, 8, 8)
-    mean: torch.Tensor  # (C, 8, 8)
-    var: torch.Tensor  # (C, 8, 8)
+class LatentFeatures(NamedTuple):
+    """phi(x), each pool in the latent's own (1, C, time, H, W) layout: `pooled` (1, C, 4, 8, 8), `mean` and
+    `var` (1, C, 1, 8, 8) (time reduced to one). Kept so, with no view dropping the singleton axes: in an episode
+    each view or op of another kind paid ~10-20 us of cold code per step; `stack_features` drops them in numpy.
+    A named tuple, not a frozen dataclass: built once per step, a fifth of the cost."""
+
+    pooled: torch.Tensor
+    mean: torch.Tensor
+    var: torch.Tensor
 
 
 def latent_features(latents: torch.Tensor) -> LatentFeatures:
@@ -36,50 +40,52 @@ def latent_features_no_grad(latents: torch.Tensor) -> LatentFeatures:
     """`latent_features` without its autograd context, for callers under `torch.no_grad()` or whose latents do
     not require grad (the observation builder: in an episode entering and leaving a context costs ~15 us)."""
     x = latents if latents.dtype == torch.float32 else latents.float()
-    if x.ndim == 5:
-        if x.shape[0] != 1:
-            raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
-        x = x[0]
-    if x.ndim != 4:
+    if x.ndim == 4:
+        x = x.unsqueeze(0)
+    if x.ndim != 5:
         raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
+    if x.shape[0] != 1:
+        raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
     (pool3, size3), (pool2, size2) = _feature_pools(x.shape)
+    # every pool a 3D pool (the temporal ones over one frame, bitwise the 2D pool): one kind of op fewer per step
     pooled = pool3(x, size3)
     # temporal means as sum / F: what mean computes, bitwise, in half its time on CPU (a middle-dim reduction)
-    frames = x.shape[1]
-    time_mean = x.sum(dim=1, keepdim=True).div_(frames)
+    frames = x.shape[2]
+    time_mean = x.sum(dim=2, keepdim=True).div_(frames)
     # (x - mean)^2 averaged by hand: torch's var over a middle dim is ~10x slower on CPU
-    time_var = (x - time_mean).square_().sum(dim=1).div_(frames)
-    mean = pool2(time_mean[:, 0], size2)
-    var = pool2(time_var, size2)
-    return LatentFeatures(pooled=pooled, mean=mean, var=var)
+    time_var = (x - time_mean).square_().sum(dim=2, keepdim=True).div_(frames)
+    return LatentFeatures(pooled, pool2(time_mean, size2), pool2(time_var, size2))
 
 
 @functools.lru_cache(maxsize=256)
 def _feature_pools(shape: torch.Size) -> tuple:
-    """(pool, size) to `POOLED_GRID` and to `TEMPORAL_GRID` for a (C, F, H, W) latent: looked up once per call."""
-    return _pool_for(tuple(shape[-3:]), POOLED_GRID), _pool_for(tuple(shape[-2:]), TEMPORAL_GRID)
+    """(pool, size) to `POOLED_GRID` and to `TEMPORAL_GRID` (over one frame) for a (1, C, F, H, W) latent: looked
+    up once per call."""
+    return _pool_for(tuple(shape[-3:]), POOLED_GRID), _pool_for((1, *shape[-2:]), (1, *TEMPORAL_GRID))
 
 
 @functools.lru_cache(maxsize=256)
-def _pool_for(sizes: tuple[int, ...], grid: tuple[int, ...]) -> tuple:
-    """(pool function, its kernel or output size), chosen once per shape: a fixed-kernel pool where the grid
+def _pool_for(sizes: tuple[int, int, int], grid: tuple[int, int, int]) -> tuple:
+    """(3D pool function, its kernel or output size), chosen once per shape: a fixed-kernel pool where the grid
     divides the sizes (the same numbers, measured ~20% cheaper on CPU), the adaptive pool otherwise; in an
     episode the Python of choosing it each call cost as much as a torch op."""
     if all(size % cells == 0 for size, cells in zip(sizes, grid)):
-        return (F.avg_pool3d if len(grid) == 3 else F.avg_pool2d), tuple(size // cells for size, cells in zip(sizes, grid))
-    return (F.adaptive_avg_pool3d if len(grid) == 3 else F.adaptive_avg_pool2d), grid
+        return F.avg_pool3d, tuple(size // cells for size, cells in zip(sizes, grid))
+    return F.adaptive_avg_pool3d, grid
 
 
 def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:
-    """The observation's (pooled, temporal) arrays for phi(x_t), phi(x_{t+1}), phi(x_{j_t})."""
+    """The observation's (pooled, temporal) arrays for phi(x_t), phi(x_{t+1}), phi(x_{j_t}): (3C, 4, 8, 8) and
+    (6C, 8, 8), float32, the concatenations' own buffers (their singleton axes dropped by numpy, free)."""
     trio = (current, previous, last_recompute)
-    pooled = torch.cat([f.pooled for f in trio], dim=0)
-    temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=0)
+    pooled = torch.cat([f.pooled for f in trio], dim=1)
+    temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=1)
     if not pooled.is_cpu:
         pooled, temporal = pooled.cpu(), temporal.cpu()
     if pooled.dtype != torch.float32:  # `latent_features` gives float32; features built otherwise are cast
         pooled, temporal = pooled.float(), temporal.float()
-    return pooled.numpy(), temporal.numpy()
+    shape = pooled.shape
+    return pooled.numpy().reshape(shape[1:]), temporal.numpy().reshape(2 * shape[1], *shape[-2:])
 
 
 def feature_shapes(channels: int) -> dict[str, tuple[int, ...]]:
