@@ -103,9 +103,8 @@ def _apply_filter_plan(x: torch.Tensor, plan: tuple) -> torch.Tensor:
     """x (float32) filtered by `plan`, in the layout of the plan's last product (reshape to x's shape)."""
     out = x
     # mm and bmm, not matmul: a 2-d operator times a 3-d tensor made matmul fold it through transposed copies
-    # (measured 71 vs 56 us per filter on MorcaTiny's grid, bitwise the same result). Every left product is a
-    # bmm, a single one too: in an episode the first call of each kind of op pays for its cold code, and one
-    # kind fewer made the step distance 16% cheaper (in-process A/B in 3x episodes, 311 vs 261 us per step)
+    # (measured 71 vs 56 us per filter on MorcaTiny's grid, bitwise the same result); a single left product is a
+    # batch of one (bitwise mm's result)
     for operator, rows, size in plan:
         if rows is None:
             out = torch.mm(out.reshape(-1, size), operator)
@@ -142,8 +141,7 @@ def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
 
 def _relative_l1_of_one(current: torch.Tensor, previous: torch.Tensor) -> float:
     """`relative_l1` of one video in any layout: no per-item sums (in an episode each torch op costs 10-40 us)."""
-    # two reads (cheaper than stacking the sums); abs twice, not abs_ and abs: one op kind fewer per step, whose
-    # cold first call in an episode cost 17 us (in-process A/B in 3x episodes: 314 vs 298 us per step distance)
+    # two reads: cheaper than stacking the sums
     difference, magnitude = (current - previous).abs().sum().item(), previous.abs().sum().item()
     size = current.numel()
     return difference / size / (magnitude / size + _EPS)
