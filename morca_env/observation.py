@@ -128,7 +128,9 @@ class ObservationBuilder:
             shapes = feature_shapes(latents.shape[1])
             pooled, temporal = (np.zeros(shapes[k], dtype=np.float32) for k in ("pooled", "temporal"))
         else:
-            pooled, temporal = stack_features(current, self._previous or current, self._last or current)
+            previous = current if self._previous is None else self._previous
+            last = current if self._last is None else self._last
+            pooled, temporal = stack_features(current, previous, last)
         since = 0 if self.last_recompute is None else index - self.last_recompute
         scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
                             float(cache_valid)], dtype=np.float32)
