@@ -28,7 +28,7 @@ from .checkpoint import load_learnable, save_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
-from .training import (CheckpointDir, episode_from_trajectory, make_buffer, observation_shapes, run_updates,
+from .training import (CheckpointDir, batch_source, episode_from_trajectory, make_buffer, observation_shapes, run_updates,
                        steps_per_epoch)
 
 log = logging.getLogger(__name__)
@@ -163,11 +163,12 @@ class OnlineTrainer:
             self.online_episodes += new
             buffer = make_buffer(self.offline_episodes + self.online_episodes, config.n_step)
             epoch_steps = steps_per_epoch(buffer, config.batch_size, config.max_steps_per_epoch)
+            batches = batch_source(buffer, self.algo)
             self.algo.set_critic_only(True)
-            warm = run_updates(self.algo, buffer, config.warmup_epochs * epoch_steps, writer, "warmup",
+            warm = run_updates(self.algo, batches, config.warmup_epochs * epoch_steps, writer, "warmup",
                                f"round {index + 1} warm-up", self.progress)
             self.algo.set_critic_only(False)
-            joint = run_updates(self.algo, buffer, config.joint_epochs * epoch_steps, writer, "joint",
+            joint = run_updates(self.algo, batches, config.joint_epochs * epoch_steps, writer, "joint",
                                 f"round {index + 1} joint", self.progress)
             psnr = float(np.mean([min(i["psnr"], 100.0) for i in infos]))
             record = {"round": index + 1, "rollout_psnr": psnr, "transitions": buffer.transition_count,

@@ -14,6 +14,7 @@ from morca_env.data import transition_picker
 from morca_env.io import atomic_write_text
 
 from .checkpoint import save_learnable
+from .sampling import TransitionSampler
 
 from morca_env.observation import OBS_KEYS, as_tuple
 
@@ -37,12 +38,20 @@ def observation_shapes(env) -> list[tuple[int, ...]]:
     return [tuple(space[k].shape) for k in OBS_KEYS]
 
 
-def run_updates(algo, buffer: ReplayBuffer, steps: int, writer=None, tag: str = "train", desc: str = "update",
-                progress: bool = True) -> dict[str, float]:
-    """`steps` IQL updates on batches sampled from `buffer`; returns the mean metrics."""
+def batch_source(buffer: ReplayBuffer, algo) -> TransitionSampler | ReplayBuffer:
+    """What `run_updates` samples from: a `TransitionSampler` (the same batches, without d3rlpy's
+    per-transition work) unless the algorithm reads returns-to-go, which only d3rlpy's batches carry.
+    Build it once per buffer: it reads every transition."""
+    return buffer if algo.need_returns_to_go else TransitionSampler(buffer)
+
+
+def run_updates(algo, batches: TransitionSampler | ReplayBuffer, steps: int, writer=None, tag: str = "train",
+                desc: str = "update", progress: bool = True) -> dict[str, float]:
+    """`steps` IQL updates on batches sampled from `batches` (`batch_source`); returns the mean metrics."""
+    sample = batches.sample if isinstance(batches, TransitionSampler) else batches.sample_transition_batch
     totals: dict[str, float] = {}
     for _ in tqdm(range(steps), desc=desc, unit="step", leave=False, disable=not progress):
-        metrics = algo.update(buffer.sample_transition_batch(algo.config.batch_size))
+        metrics = algo.update(sample(algo.config.batch_size))
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + float(v)
         if writer is not None:

@@ -27,7 +27,7 @@ threads = configure_threads(None if sys.argv[2] == "auto" else int(sys.argv[2]))
 import agents
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
-from agents.training import make_buffer
+from agents.training import batch_source, make_buffer, run_updates
 from d3rlpy.dataset import Episode
 rng = np.random.default_rng(0)
 episodes = []
@@ -42,11 +42,10 @@ encoder = MorcaEncoderFactory(features="")
 algo = DiscreteIQLConfig(actor_encoder_factory=encoder, critic_encoder_factory=encoder, value_encoder_factory=encoder,
                          batch_size=256).create(device="cpu")
 algo.build_with_dataset(buffer)
-for _ in range(20):  # warm-up
-    algo.update(buffer.sample_transition_batch(256))
+batches = batch_source(buffer, algo)  # what train_offline.py samples from
+run_updates(algo, batches, 20, progress=False)  # warm-up
 t0 = time.perf_counter()
-for _ in range(int(sys.argv[1])):
-    algo.update(buffer.sample_transition_batch(256))
+run_updates(algo, batches, int(sys.argv[1]), progress=False)
 print(f"RESULT {time.perf_counter() - t0:.3f} {threads}")
 """
 

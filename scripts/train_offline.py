@@ -26,7 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from agents.checkpoint import load_learnable, save_learnable
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaEncoderFactory
-from agents.training import CheckpointDir, run_updates, steps_per_epoch
+from agents.training import CheckpointDir, batch_source, run_updates, steps_per_epoch
 from morca_env.cli import positive_int, show_library_messages
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
@@ -90,9 +90,10 @@ def main(argv=None) -> int:
     print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes, {buffer.transition_count} transitions; "
           f"{epoch_steps} updates per epoch, epochs {start + 1}..{args.epochs}")
     writer = SummaryWriter(str(args.run_dir / "tb"))
+    batches = batch_source(buffer, algo)
     for epoch in range(start, args.epochs):
         t0 = time.perf_counter()
-        metrics = run_updates(algo, buffer, epoch_steps, writer, "offline", f"epoch {epoch + 1}/{args.epochs}")
+        metrics = run_updates(algo, batches, epoch_steps, writer, "offline", f"epoch {epoch + 1}/{args.epochs}")
         seconds = time.perf_counter() - t0
         checkpoints.save(algo, epoch, {"metrics": metrics})
         print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
