@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 _LIBRARY_LOGGERS = ("morca_env", "agents")
 
@@ -78,3 +79,16 @@ def speedup(text: str) -> float:
     if not value >= 1.0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a speedup (valid: a number >= 1, e.g. 2.5)")
     return value
+
+
+def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.ArgumentParser:
+    """A parser holding what every headroom experiment takes (the env and its kwargs, the parallel workers,
+    their torch threads, the output folder); the script adds its own arguments."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default=env)
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="extra gym.make keyword arguments, as JSON")
+    p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per worker (default: from the cores free now and the workers)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (a rerun resumes from it)")
+    return p

@@ -19,7 +19,6 @@ from its evaluation log.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.library import FEATURE_KINDS, feature_vector, fit_by_cv, greedy_library, play_on_runs, realised
 from morca_env.policies import StaticSchedule
@@ -64,9 +63,7 @@ def save_library(where: str, env, budget: int, entry: dict) -> Path:
 
 def main(argv=None) -> int:
     show_library_messages()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", type=json_dict, default={})
+    p = experiment_parser(__doc__)
     p.add_argument("--budget", type=positive_int, default=35)
     p.add_argument("--prefix", type=int, default=8, help="steps played before the switch (the best fixed schedule's)")
     p.add_argument("--size", type=positive_int, default=8, help="library members")
@@ -75,9 +72,6 @@ def main(argv=None) -> int:
     p.add_argument("--validation-prompts", default="tiny-train[59::70]")
     p.add_argument("--evaluations", type=positive_int, default=60)
     p.add_argument("--best-fixed", default=None, help="fixed-schedule file (default: the env's packaged one)")
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     p.add_argument("--save", default=None,
                    help="add this K's library and the selector chosen by cross-validation to a library file: 'user' "
                         "(this machine's, found first), 'packaged' (shipped with the package) or a file path; "

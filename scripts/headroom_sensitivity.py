@@ -14,7 +14,6 @@ optimum is chaotic in the noise and no causal feature can predict it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.threads import configure_threads
 
@@ -78,16 +77,11 @@ def plot(path: Path, grid: dict, best_on_base: np.ndarray, budget: int) -> None:
 
 def main(argv=None) -> int:
     show_library_messages()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", type=json_dict, default={})
+    p = experiment_parser(__doc__)
     p.add_argument("--library", type=Path, required=True, help="selector.json of scripts/headroom_selector.py")
     p.add_argument("--members", type=positive_int, default=5, help="first library members compared")
     p.add_argument("--runs", type=positive_int, default=40, help="first label runs replayed")
     p.add_argument("--eps", type=float, nargs="+", default=[0.0, 0.02, 0.1, 0.3])
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if any(e < 0 for e in args.eps):
         p.error(f"--eps {args.eps}: every eps must be >= 0")

@@ -16,7 +16,6 @@ and trajectory.png under --out; training prompts only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.policies import StaticSchedule, UniformInterval
 from morca_env.prompts import get_suite
@@ -170,17 +169,12 @@ def plot(path: Path, errors: dict, budget: int, branch_steps: list[int]) -> None
 
 def main(argv=None) -> int:
     show_library_messages()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", type=json_dict, default={})
+    p = experiment_parser(__doc__)
     p.add_argument("--prompts", default="tiny-train[13::250]", help="prompt suite (training prompts)")
     p.add_argument("--budget", type=positive_int, default=35, help="K, the same for every run")
     p.add_argument("--evaluations", type=positive_int, default=60, help="schedules evaluated per search")
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--branch-at", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.9],
                    help="fractions of the steps from which a run is also finished without cache")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     bad = [f for f in args.branch_at if not 0.0 < f < 1.0]
     if bad:

@@ -15,7 +15,6 @@ and transfer.png (the matrix) under --out; training prompts only (never the held
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.policies import StaticSchedule, UniformInterval
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many, transfer_matrix
@@ -103,16 +102,11 @@ def plot(out: Path, rewards, pairs, searched, baseline) -> None:
 
 def main(argv=None) -> int:
     show_library_messages()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", type=json_dict, default={})
+    p = experiment_parser(__doc__)
     p.add_argument("--prompts", default="tiny-train[7::1100]", help="prompt suite (training prompts)")
     p.add_argument("--seeds", type=positive_int, default=3, help="seeds per prompt")
     p.add_argument("--budget", type=positive_int, default=35, help="K, the same for every pair")
     p.add_argument("--evaluations", type=positive_int, default=60, help="schedules evaluated per search")
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.threads = configure_threads(args.threads, workers=args.workers)
     suite = get_suite(args.prompts)

@@ -301,3 +301,21 @@ def test_trajectory_gaps_and_summary():
     assert "final PSNR +3.00" in lines and "first differ at step 0" in lines
     assert "| 2 | -6.02 ± 0.00 | +6.02 ± 0.00 | +1.50 ± 0.00 |" in lines  # the state before step 2, and its branch
     assert "closer to the no-cache run's at 33%" in lines
+
+
+def test_headroom_experiments_share_one_parser_with_checked_arguments(capsys):
+    from morca_env.cli import experiment_parser
+
+    p = experiment_parser("doc")
+    args = p.parse_args(["--out", "x", "--env-kwargs", '{"r_max": 60}', "--workers", "2"])
+    assert (args.env, args.env_kwargs, args.workers, args.threads, str(args.out)) == ("MorcaTiny-v0", {"r_max": 60}, 2,
+                                                                                   None, "x")
+    for bad, named in ((["--out", "x", "--workers", "0"], "'0' is not a positive integer"),
+                       (["--out", "x", "--env-kwargs", "[1]"], "not a JSON object"), ([], "--out")):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+        assert named in capsys.readouterr().err
+    trajectory = load_script("headroom_trajectory")
+    with pytest.raises(SystemExit):
+        trajectory.main(["--out", "x", "--branch-at", "0.5", "1.0"])
+    assert "--branch-at [1.0]: each fraction must lie in (0, 1)" in capsys.readouterr().err
