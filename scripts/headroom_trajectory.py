@@ -27,7 +27,7 @@ import torch
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.policies import StaticSchedule, UniformInterval
+from morca_env.policies import StaticSchedule
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.threads import configure_threads
@@ -113,12 +113,15 @@ def summary_lines(errors: dict, schedules: dict, budget: int, num_steps: int, br
              "Searched vs best fixed at step t (mean ± 95% CI over the runs): the error of the run's latent x_t and "
              "of its predicted clean video x0 against the no-cache run's, as 20 log10(ratio) in dB (negative: the "
              "searched run is closer), and the PSNR gain when both runs are finished without cache from step t on:", "",
-             "| step t | latent error | x0 error | PSNR gain, finished without cache from t |", "|---|---|---|---|"]
+             "| step t | latent error | x0 error | PSNR gain, finished without cache from t | its correlation with the "
+             "final gain over runs | reuses from t on, searched / best fixed (mean) |", "|---|---|---|---|---|---|"]
     for j, t in enumerate(branch_steps):
+        correlation = np.corrcoef(continued[:, j], gain)[0, 1] if len(gain) > 2 else float("nan")
         lines.append(f"| {t} | {mean_ci(gaps['latent'][:, t - 1])} | {mean_ci(gaps['x0'][:, t - 1])} | "
-                     f"{mean_ci(continued[:, j])} |")
+                     f"{mean_ci(continued[:, j])} | {correlation:.2f} | "
+                     f"{searched[:, t:].sum(axis=1).mean():.1f} / {fixed[:, t:].sum(axis=1).mean():.1f} |")
     lines.append(f"| {num_steps} (end) | {mean_ci(gaps['latent'][:, -1])} | {mean_ci(gaps['x0'][:, -1])} | "
-                 f"{mean_ci(gain)} (the schedules' own PSNR) |")
+                 f"{mean_ci(gain)} (the schedules' own PSNR) | 1 | 0 / 0 |")
     shares = [float(np.mean(g[f:] < 0)) for g, f in zip(gaps["latent"], first) if f < num_steps]
     lines += ["", f"The searched run's latent is closer to the no-cache run's at {np.mean(shares):.0%} of the steps "
               "after the schedules first differ (mean over runs)."]
@@ -134,7 +137,7 @@ def plot(path: Path, errors: dict, budget: int, branch_steps: list[int]) -> None
     import matplotlib.pyplot as plt
 
     def band(values):
-        return values.mean(axis=0), 1.96 * values.std(axis=0, ddof=1) / np.sqrt(max(len(values), 2) - 1)
+        return values.mean(axis=0), 1.96 * values.std(axis=0, ddof=1) / np.sqrt(len(values))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.5))
     for space in ("latent", "x0"):
@@ -187,8 +190,7 @@ def main(argv=None) -> int:
     tasks = [SearchTask(f"run{i:03d}_K{budget:03d}", (pair,), budget, start=tuple(fixed)) for i, pair in enumerate(pairs)]
     results = search_many(tasks, args.env, args.env_kwargs, args.out / "searches",
                           SearchConfig(evaluations=args.evaluations), workers=args.workers, threads=args.threads)
-    schedules = {"best-fixed": [fixed] * len(pairs), "searched": [r["schedule"] for r in results],
-                 "uniform": [UniformInterval().plan(env.budget_spec, budget)] * len(pairs)}
+    schedules = {"best-fixed": [fixed] * len(pairs), "searched": [r["schedule"] for r in results]}
     torch.set_num_threads(args.threads * args.workers)
     branch_steps = sorted({max(1, round(f * env.num_steps)) for f in args.branch_at})
     errors = compare(env, pairs, schedules, branch_steps)

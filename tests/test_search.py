@@ -299,7 +299,7 @@ def test_trajectory_gaps_and_summary():
     schedules = {"best-fixed": [[0, 1, 0]], "searched": [[1, 0, 0]]}
     lines = "\n".join(module.summary_lines(errors, schedules, 1, 3, [2]))
     assert "final PSNR +3.00" in lines and "first differ at step 0" in lines
-    assert "| 2 | -6.02 ± 0.00 | +6.02 ± 0.00 | +1.50 ± 0.00 |" in lines  # the state before step 2, and its branch
+    assert "| 2 | -6.02 ± 0.00 | +6.02 ± 0.00 | +1.50 ± 0.00 | nan | 0.0 / 0.0 |" in lines  # the state before step 2
     assert "closer to the no-cache run's at 33%" in lines
 
 
