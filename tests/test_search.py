@@ -303,7 +303,7 @@ def test_trajectory_gaps_and_summary():
     assert "closer to the no-cache run's at 33%" in lines
 
 
-def test_headroom_experiments_share_one_parser_with_checked_arguments(capsys):
+def test_headroom_experiments_share_one_parser_with_checked_arguments(capsys, tmp_path):
     from morca_env.cli import experiment_parser
 
     p = experiment_parser("doc")
@@ -317,5 +317,5 @@ def test_headroom_experiments_share_one_parser_with_checked_arguments(capsys):
         assert named in capsys.readouterr().err
     trajectory = load_script("headroom_trajectory")
     with pytest.raises(SystemExit):
-        trajectory.main(["--out", "x", "--branch-at", "0.5", "1.0"])
+        trajectory.main(["--out", str(tmp_path / "out"), "--branch-at", "0.5", "1.0"])  # refused before any work
     assert "--branch-at [1.0]: each fraction must lie in (0, 1)" in capsys.readouterr().err
