@@ -11,7 +11,7 @@ quiet_d3rlpy()  # before d3rlpy is imported below: no legacy-gym notice, no info
 
 from .iql import DiscreteIQL, DiscreteIQLConfig  # noqa: E402
 from .networks import MorcaEncoderFactory, MorcaNetwork, MorcaTrunk
-from .policy import MorcaPolicy, observation_batch
+from .policy import MorcaEnsemble, MorcaPolicy, observation_batch
 
-__all__ = ["DiscreteIQL", "DiscreteIQLConfig", "MorcaEncoderFactory", "MorcaNetwork", "MorcaPolicy", "MorcaTrunk",
+__all__ = ["DiscreteIQL", "DiscreteIQLConfig", "MorcaEncoderFactory", "MorcaEnsemble", "MorcaNetwork", "MorcaPolicy", "MorcaTrunk",
            "observation_batch"]

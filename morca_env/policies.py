@@ -11,6 +11,8 @@ scalars (t = remaining / N, K / N, D_t), so the policies work on any env id.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .budget import BudgetSpec
@@ -492,6 +494,15 @@ def _library(env, path):
     return LibraryScheduler.from_file(path, env) if path is not None else LibraryScheduler.packaged(env)
 
 
+def checkpoint_paths(path) -> list[str]:
+    """A checkpoint, a list of them, or a comma-separated string of them (an ensemble, e.g. one per training seed)."""
+    paths = [str(p).strip() for p in ([path] if isinstance(path, (str, Path)) else path)]
+    paths = [p for part in paths for p in part.split(",")]
+    if not paths or any(not p for p in paths):
+        raise ValueError(f"checkpoint path(s) {path!r}: give one path, or several separated by commas")
+    return paths
+
+
 def _learned(kind: str):
     def build(env=None, path=None, **kwargs):
         if path is None:
@@ -500,9 +511,10 @@ def _learned(kind: str):
             from agents.reinforce import ReinforcePolicy
 
             return ReinforcePolicy.load(path, **kwargs)
-        from agents import MorcaPolicy
+        from agents import MorcaEnsemble, MorcaPolicy
 
-        return MorcaPolicy.load(path, **kwargs)
+        paths = checkpoint_paths(path)
+        return MorcaPolicy.load(paths[0], **kwargs) if len(paths) == 1 else MorcaEnsemble.load(paths, **kwargs)
 
     return build
 

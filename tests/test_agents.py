@@ -275,3 +275,67 @@ def test_fast_policy_skips_the_network_when_one_action_is_feasible():
     assert not calls
     policy({**obs, "action_mask": np.array([1, 1], np.int8)})
     assert calls == [1]
+
+
+def _scalar_algo(seed: int):
+    d3rlpy.seed(seed)
+    factory = MorcaEncoderFactory(features="")
+    algo = DiscreteIQLConfig(batch_size=2, actor_encoder_factory=factory, critic_encoder_factory=factory,
+                             value_encoder_factory=factory).create(device="cpu")
+    algo.build_with_dataset(synthetic_buffer(1))
+    return algo
+
+
+def _set_gap(algo, obs, gap: float) -> None:
+    """Shift the reuse logit so that (reuse - recompute) is `gap` on `obs`."""
+    policy = MorcaPolicy(algo)
+    with torch.no_grad():
+        recompute, reuse = policy.logits(obs).tolist()
+        algo.impl.policy._fc.bias[1] += gap - (reuse - recompute)
+
+
+def test_ensemble_follows_the_mean_log_probability_not_the_vote():
+    from agents import MorcaEnsemble
+
+    obs = {"pooled": np.zeros((3 * C, 4, 8, 8), np.float32), "temporal": np.zeros((6 * C, 8, 8), np.float32),
+           "scalars": np.full(7, 0.3, np.float32), "action_mask": np.ones(2, np.int8)}
+    algos = [_scalar_algo(seed) for seed in range(3)]
+    # (reuse - recompute) logit gaps per member -> the ensemble's action. A majority vote gets the first two wrong,
+    # a mean of the probabilities the last two: (0.95 + 2 x 0.27) / 3 < 0.5, (0.05 + 2 x 0.73) / 3 > 0.5
+    for gaps, expected in (([5.0, -0.5, -0.5], 1), ([3.0, -1.0, -1.0], 1), ([-3.0, 1.0, 1.0], 0)):
+        for algo, gap in zip(algos, gaps):
+            _set_gap(algo, obs, gap)
+        members = [MorcaPolicy(a) for a in algos]
+        assert [m(obs) for m in members] == [int(g > 0) for g in gaps]
+        assert MorcaEnsemble(members)(obs) == expected, gaps
+    ensemble = MorcaEnsemble([MorcaPolicy(a) for a in algos])
+    assert ensemble({**obs, "action_mask": np.array([0, 1], np.int8)}) == 1  # a single feasible action is taken
+    assert ensemble({**obs, "action_mask": np.array([1, 0], np.int8)}) == 0
+    with pytest.raises(ValueError, match="at least 2 members, got 1"):
+        MorcaEnsemble([MorcaPolicy(algos[0])])
+
+
+def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from agents import MorcaEnsemble
+    from agents.checkpoint import save_learnable
+    from morca_env import policies
+
+    paths = [str(save_learnable(_scalar_algo(seed), tmp_path / f"s{seed}.d3")) for seed in range(2)]
+    assert isinstance(policies.make("morca", path=paths[0]), MorcaPolicy)
+    ensemble = policies.make("morca", path=",".join(paths))
+    assert isinstance(ensemble, MorcaEnsemble) and len(ensemble.members) == 2
+    assert len(policies.make("morca", path=paths).members) == 2
+    with pytest.raises(ValueError, match="separated by commas"):
+        policies.make("morca", path=paths[0] + ",")
+    env = gym.make("MorcaTinyRandom-v0", budget=5, num_inference_steps=10, lpips=False, latent_features=False,
+                   reference_cache_dir=str(tmp_path))
+    obs, info = env.reset(seed=0)
+    ensemble.reset(obs, info)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(ensemble(obs))
+        assert not info["projected"]
+    assert info["num_reuse"] == 5
