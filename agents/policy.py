@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from morca_env.observation import OBS_KEYS, as_tuple  # noqa: F401 (OBS_KEYS re-exported)
+from morca_env.observation import OBS_KEYS, Scalar, as_tuple  # noqa: F401 (OBS_KEYS re-exported)
 
 
 def observation_batch(obs: dict) -> list[np.ndarray]:
@@ -23,9 +23,12 @@ class MorcaPolicy:
 
     learned = True  # evaluation times its per-step cost and counts it in the speedup
 
-    def __init__(self, algo, deterministic: bool = True):
+    def __init__(self, algo, deterministic: bool = True, pace: float = 0.0):
+        if not pace >= 0.0:
+            raise ValueError(f"pace={pace!r} must be >= 0 (0: the network's own logits)")
         self.algo = algo
         self.deterministic = deterministic
+        self.pace = float(pace)
         # our DiscreteIQL: call its masked policy network directly. d3rlpy's predict() costs ~0.3 ms
         # per call in conversions and checks, as much as MorcaTiny's scalar-state network itself
         # several times over, and a scheduler's own time is paid in speedup.
@@ -36,14 +39,17 @@ class MorcaPolicy:
         self._on_cpu = torch.device(self._device).type == "cpu"
         factory = getattr(getattr(algo, "config", None), "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))  # unknown encoders: assume they do
+        if self.pace and self._network is None:
+            raise ValueError(f"pace={pace} needs the policy's logits, and {type(algo).__name__} exposes no policy "
+                             "network (impl.policy); use pace=0")
 
     @classmethod
-    def load(cls, path, device: str = "cpu", deterministic: bool = True) -> "MorcaPolicy":
+    def load(cls, path, device: str = "cpu", deterministic: bool = True, pace: float = 0.0) -> "MorcaPolicy":
         import agents  # noqa: F401  (registers our config and encoder with d3rlpy)
 
         from .checkpoint import load_learnable
 
-        return cls(load_learnable(path, device=device), deterministic)
+        return cls(load_learnable(path, device=device), deterministic, pace)
 
     def reset(self, obs, info) -> None:
         # latent features of a noisy latent are never all zero: zeros mean MorcaEnv(latent_features=False)
@@ -70,7 +76,10 @@ class MorcaPolicy:
         if self.deterministic and not (mask[0] and mask[1]):
             return 0 if mask[0] else 1  # what the masked argmax picks
         if self._network is not None:
-            action = pick(self.logits(obs), self.deterministic)
+            logits = self.logits(obs)
+            if self.pace:
+                logits = logits - torch.tensor([0.0, self.pace * reuses_ahead(obs)])
+            action = pick(logits, self.deterministic)
         else:
             batch = observation_batch(obs)
             action = self.algo.predict(batch) if self.deterministic else self.algo.sample_action(batch)
@@ -78,6 +87,18 @@ class MorcaPolicy:
         if not obs["action_mask"][action]:  # cannot happen with masked logits; guard for foreign algorithms
             action = 1 - action
         return action
+
+
+def reuses_ahead(obs) -> float:
+    """The share of the reuse budget spent beyond its even share of the steps taken (negative: behind).
+
+    Why: every training seed of the quickstart recipe defers its computes to the end of the run, and the seeds
+    differ mostly in how far (docs/results/headroom_tiny.md); `pace` subtracts this share times the pace from the
+    reuse logit, holding the policy near an even spend while the network still places each compute.
+    """
+    scalars = obs["scalars"]
+    budget, done = float(scalars[Scalar.K]), 1.0 - float(scalars[Scalar.t])  # both as shares of the N steps
+    return (float(scalars[Scalar.u_t]) - budget * done) / max(budget, 1e-9)
 
 
 def pick(logits: torch.Tensor, deterministic: bool) -> int:

@@ -339,3 +339,29 @@ def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
         obs, _, done, _, info = env.step(ensemble(obs))
         assert not info["projected"]
     assert info["num_reuse"] == 5
+
+
+def test_pace_pulls_the_policy_toward_an_even_spend_of_the_budget():
+    from agents.policy import reuses_ahead
+    from morca_env.observation import Scalar
+
+    def obs_at(taken: float, reused: float, budget: float = 0.5):
+        scalars = np.zeros(7, np.float32)
+        scalars[Scalar.t], scalars[Scalar.u_t], scalars[Scalar.K] = 1.0 - taken, reused, budget
+        return {"pooled": np.zeros((3 * C, 4, 8, 8), np.float32), "temporal": np.zeros((6 * C, 8, 8), np.float32),
+                "scalars": scalars, "action_mask": np.ones(2, np.int8)}
+
+    assert reuses_ahead(obs_at(0.4, 0.2)) == pytest.approx(0.0, abs=1e-6)  # 40% of the steps, 40% of the budget
+    assert reuses_ahead(obs_at(0.4, 0.3)) == pytest.approx(0.2)  # a fifth of the budget ahead
+    assert reuses_ahead(obs_at(0.4, 0.1)) == pytest.approx(-0.2)
+    algo = _scalar_algo(0)
+    ahead, behind = obs_at(0.4, 0.3), obs_at(0.4, 0.1)
+    for obs in (ahead, behind):  # the network alone: level between the actions, slightly for reuse
+        _set_gap(algo, obs, 0.5)
+        assert MorcaPolicy(algo)(obs) == 1
+    assert MorcaPolicy(algo, pace=10.0)(ahead) == 0  # 0.5 - 10 x 0.2 < 0: ahead of the budget, recompute
+    assert MorcaPolicy(algo, pace=10.0)(behind) == 1
+    _set_gap(algo, behind, -1.0)
+    assert MorcaPolicy(algo)(behind) == 0 and MorcaPolicy(algo, pace=10.0)(behind) == 1  # behind: catch up
+    with pytest.raises(ValueError, match="pace=-1.0 must be >= 0"):
+        MorcaPolicy(algo, pace=-1.0)
