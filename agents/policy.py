@@ -92,9 +92,10 @@ class MorcaPolicy:
 def reuses_ahead(obs) -> float:
     """The share of the reuse budget spent beyond its even share of the steps taken (negative: behind).
 
-    Why: every training seed of the quickstart recipe defers its computes to the end of the run, and the seeds
-    differ mostly in how far (docs/results/headroom_tiny.md); `pace` subtracts this share times the pace from the
-    reuse logit, holding the policy near an even spend while the network still places each compute.
+    Why: every training seed of the quickstart recipe defers its computes to the end of the run; `pace` subtracts
+    this share times the pace from the reuse logit, holding the policy near an even spend while the network still
+    places each compute. Measured on MorcaTiny it did not help (docs/results/headroom_tiny.md, "Five training
+    seeds"): the option exists so that the result can be reproduced and tried on other models.
     """
     scalars = obs["scalars"]
     budget, done = float(scalars[Scalar.K]), 1.0 - float(scalars[Scalar.t])  # both as shares of the N steps
