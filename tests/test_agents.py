@@ -35,6 +35,17 @@ def synthetic_buffer(episodes=6, seed=0):
                         action_space=ActionSpace.DISCRETE, action_size=2)
 
 
+def play_feasible_episode(env, policy, seed: int) -> dict:
+    """One episode of `policy`; every action it takes must be feasible (none projected). -> the last info."""
+    obs, info = env.reset(seed=seed)
+    policy.reset(obs, info)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy(obs))
+        assert not info["projected"]
+    return info
+
+
 def quiet():
     return d3rlpy.logging.NoopAdapterFactory()
 
@@ -140,13 +151,7 @@ def test_plain_policy_on_env_observations(tmp_path):
         assert direct(varied) == int(algo.predict(observation_batch(varied))[0])
     for deterministic in (True, False):
         policy = MorcaPolicy(algo, deterministic=deterministic)
-        obs, info = env.reset(seed=1)
-        policy.reset(obs, info)
-        done = False
-        while not done:
-            obs, _, done, _, info = env.step(policy(obs))
-            assert not info["projected"]
-        assert info["num_reuse"] == 6
+        assert play_feasible_episode(env, policy, seed=1)["num_reuse"] == 6
 
 
 def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
@@ -332,13 +337,7 @@ def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
         policies.make("morca", path=paths[0] + ",")
     env = gym.make("MorcaTinyRandom-v0", budget=5, num_inference_steps=10, lpips=False, latent_features=False,
                    reference_cache_dir=str(tmp_path))
-    obs, info = env.reset(seed=0)
-    ensemble.reset(obs, info)
-    done = False
-    while not done:
-        obs, _, done, _, info = env.step(ensemble(obs))
-        assert not info["projected"]
-    assert info["num_reuse"] == 5
+    assert play_feasible_episode(env, ensemble, seed=0)["num_reuse"] == 5
 
 
 def test_pace_pulls_the_policy_toward_an_even_spend_of_the_budget():
