@@ -78,7 +78,7 @@ class MorcaPolicy:
         if self._network is not None:
             logits = self.logits(obs)
             if self.pace:
-                logits = logits - torch.tensor([0.0, self.pace * reuses_ahead(obs)])
+                logits = logits - logits.new_tensor([0.0, self.pace * reuses_ahead(obs)])  # on the network's device
             action = pick(logits, self.deterministic)
         else:
             batch = observation_batch(obs)
@@ -113,9 +113,10 @@ def pick(logits: torch.Tensor, deterministic: bool) -> int:
 class MorcaEnsemble:
     """Several trained schedulers acting as one: the mean of their log-probabilities (a product of experts).
 
-    Why: one training seed of the same recipe can land 2.8 dB away from another on the same validation prompts
-    (docs/results/headroom_tiny.md); averaging the members' log-probabilities keeps the choices they agree on
-    and settles the others by how sure each member is. Costs one small network call per member and step.
+    Why: one training seed of the same recipe can land 2.8 dB away from another on the same validation prompts;
+    averaging the members' log-probabilities keeps the choices they agree on and settles the others by how sure
+    each member is. Costs one small network call per member and step. Measured on MorcaTiny (five seeds,
+    docs/results/headroom_tiny.md) an ensemble is no better than its average member: a tool, not a recipe.
     """
 
     learned = True
