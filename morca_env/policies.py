@@ -496,8 +496,8 @@ def _library(env, path):
 
 def checkpoint_paths(path) -> list[str]:
     """A checkpoint, a list of them, or a comma-separated string of them (an ensemble, e.g. one per training seed)."""
-    paths = [str(p).strip() for p in ([path] if isinstance(path, (str, Path)) else path)]
-    paths = [p for part in paths for p in part.split(",")]
+    parts = [str(p) for p in ([path] if isinstance(path, (str, Path)) else path)]
+    paths = [p.strip() for part in parts for p in part.split(",")]  # "a.d3, b.d3" names b.d3, not " b.d3"
     if not paths or any(not p for p in paths):
         raise ValueError(f"checkpoint path(s) {path!r}: give one path, or several separated by commas")
     return paths

@@ -333,6 +333,7 @@ def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
     ensemble = policies.make("morca", path=",".join(paths))
     assert isinstance(ensemble, MorcaEnsemble) and len(ensemble.members) == 2
     assert len(policies.make("morca", path=paths).members) == 2
+    assert policies.checkpoint_paths(f"{paths[0]}, {paths[1]}") == paths
     with pytest.raises(ValueError, match="separated by commas"):
         policies.make("morca", path=paths[0] + ",")
     env = gym.make("MorcaTinyRandom-v0", budget=5, num_inference_steps=10, lpips=False, latent_features=False,
