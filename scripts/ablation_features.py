@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--suite", help="prompt suite to evaluate on (evaluate.py --suite; default: the held-out eval suite). "
+                                   "Select features on a validation slice, e.g. 'tiny-train[11::132]'")
     p.add_argument("--target", type=float, default=3.0)
     p.add_argument("--out", type=Path, default=Path("runs/ablation_features"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -50,7 +52,8 @@ def main(argv=None) -> int:
                  "--features", VARIANTS[name], "--n-step", str(args.n_step), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.d3'}")
-    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", str(args.target),
+    run("evaluate", ["scripts/evaluate.py", *(["--suite", args.suite] if args.suite else []),
+                     "--prompts", str(args.prompts), "--targets", str(args.target),
                      "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),
                      "--methods", *methods, "--baselines", methods[0].split("=")[0]], env)
     return 0

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from morca_env.prompts import get_suite
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -225,8 +227,10 @@ def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_p
     out = tmp_path / "ablation"
     run_script(["scripts/ablation_features.py", "--dataset", "test/ablation-v0", "--variants", "A0", "A1",
                 "--epochs", "1", "--max-steps-per-epoch", "2", "--n-step", "7", "--prompts", "1", "--target", "2.0",
-                "--same-k", "--out", str(out)], tmp_path)
+                "--same-k", "--suite", "tiny-train[11::132]", "--out", str(out)], tmp_path)
     assert json.loads((out / "A1" / "args.json").read_text())["n_step"] == "7"
     rows = [json.loads(line) for line in (out / "eval" / "episodes.jsonl").read_text().splitlines()]
+    # evaluated on the validation slice asked for, not on the held-out suite
+    assert {r["prompt"] for r in rows} == {get_suite("tiny-train[11::132]").prompts[0]}
     assert {r["method"] for r in rows} == {"morca-A0", "morca-A1"} and len({r["num_reuse"] for r in rows}) == 1
     assert "morca-A1 - morca-A0 at 2.0x" in (out / "eval" / "table.md").read_text()
