@@ -1,13 +1,15 @@
 """Table 3 ablation: which latent features the scheduler state includes (offline IQL, ~3x speedup).
 
     python scripts/ablation_features.py --dataset morca/tiny/random-v0 --epochs 20 --prompts 50
-    python scripts/ablation_features.py --dataset morca/tiny/quickstart-mixture-v0 --n-step 50 --same-k ...
+    python scripts/ablation_features.py --dataset morca/tiny/quickstart-mixture-v0 --variants A0 A1 full --epochs 60 \
+        --max-steps-per-epoch 80 --n-step 50 --suite 'tiny-train[11::132]' --prompts 40 --targets 2.5 3 --same-k
 
 Trains offline IQL once per variant (A0: none ... all of P3, P2 mean, P2 variance)
 with scripts/train_offline.py and evaluates all variants together with
-scripts/evaluate.py at the target speedup on held-out prompts, paired against the first
-variant (A0, no latent features, by default); `--same-k` compares them at the same K (quality only, what
-the features buy the decisions), `--n-step` sets the value targets (1: the
+scripts/evaluate.py at the target speedups (on held-out prompts, or `--suite`), next to
+the best fixed schedule and uniform spacing, paired against the first variant (A0,
+no latent features, by default) and the best fixed schedule; `--same-k` compares them at the same K (quality
+only, what the features buy the decisions), `--n-step` sets the value targets (1: the
 paper's one-step TD; 50: the quickstart's Monte-Carlo returns). Resumable.
 """
 
@@ -20,10 +22,11 @@ from pathlib import Path
 
 from _runner import ROOT, resume_flag, run
 
-from morca_env.cli import positive_int
+from morca_env.cli import positive_int, speedup
 
 VARIANTS = {"A0": "", "A1": "p3", "A2": "mean", "A3": "var", "A4": "p3,mean", "A5": "p3,var", "A6": "mean,var",
             "full": "p3,mean,var"}
+BASELINES = ("best-fixed", "uniform")  # the rows a feature subset must beat, played on the same runs
 
 
 def main(argv=None) -> int:
@@ -34,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--suite", help="prompt suite to evaluate on (evaluate.py --suite; default: the held-out eval suite). "
                                    "Select features on a validation slice, e.g. 'tiny-train[11::132]'")
-    p.add_argument("--target", type=float, default=3.0)
+    p.add_argument("--targets", "--target", type=speedup, nargs="+", default=[3.0])
     p.add_argument("--out", type=Path, default=Path("runs/ablation_features"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--n-step", type=positive_int, default=1, help="value targets (train_offline.py --n-step)")
@@ -53,9 +56,9 @@ def main(argv=None) -> int:
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.d3'}")
     run("evaluate", ["scripts/evaluate.py", *(["--suite", args.suite] if args.suite else []),
-                     "--prompts", str(args.prompts), "--targets", str(args.target),
+                     "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),
-                     "--methods", *methods, "--baselines", methods[0].split("=")[0]], env)
+                     "--methods", *methods, *BASELINES, "--baselines", methods[0].split("=")[0], BASELINES[0]], env)
     return 0
 
 

@@ -221,16 +221,19 @@ def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
 @pytest.mark.slow
 def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_path):
     """Table 3's script: one offline IQL per feature subset (the n-step targets passed through), evaluated at the
-    same K and paired against the first variant."""
+    same K next to the best fixed schedule and uniform spacing, paired against the first variant and the best
+    fixed schedule."""
     run_script(["scripts/collect.py", "datasets/morca/tiny/mixture-v0.json", "--dataset-id", "test/ablation-v0",
                 "--episodes", "4", "--workers", "1"], tmp_path)
     out = tmp_path / "ablation"
     run_script(["scripts/ablation_features.py", "--dataset", "test/ablation-v0", "--variants", "A0", "A1",
-                "--epochs", "1", "--max-steps-per-epoch", "2", "--n-step", "7", "--prompts", "1", "--target", "2.0",
+                "--epochs", "1", "--max-steps-per-epoch", "2", "--n-step", "7", "--prompts", "1", "--targets", "2.0",
                 "--same-k", "--suite", "tiny-train[11::132]", "--out", str(out)], tmp_path)
     assert json.loads((out / "A1" / "args.json").read_text())["n_step"] == "7"
     rows = [json.loads(line) for line in (out / "eval" / "episodes.jsonl").read_text().splitlines()]
     # evaluated on the validation slice asked for, not on the held-out suite
     assert {r["prompt"] for r in rows} == {get_suite("tiny-train[11::132]").prompts[0]}
-    assert {r["method"] for r in rows} == {"morca-A0", "morca-A1"} and len({r["num_reuse"] for r in rows}) == 1
-    assert "morca-A1 - morca-A0 at 2.0x" in (out / "eval" / "table.md").read_text()
+    assert {r["method"] for r in rows} == {"morca-A0", "morca-A1", "best-fixed", "uniform"}
+    assert len({r["num_reuse"] for r in rows}) == 1
+    table = (out / "eval" / "table.md").read_text()
+    assert "morca-A1 - morca-A0 at 2.0x" in table and "morca-A1 - best-fixed at 2.0x" in table
