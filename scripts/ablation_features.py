@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/ablation_features"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--n-step", type=positive_int, default=1, help="value targets (train_offline.py --n-step)")
+    p.add_argument("--seed", type=int, default=0, help="training seed of every variant (train_offline.py --seed)")
     p.add_argument("--same-k", action="store_true", help="evaluate every variant at the same K (evaluate.py --same-k)")
     args = p.parse_args(argv)
     out = args.out if args.out.is_absolute() else ROOT / args.out
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         if not (run_dir / "final.d3").exists():
             run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
                 ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.epochs),
-                 "--features", VARIANTS[name], "--n-step", str(args.n_step), "--run-dir", str(run_dir), *cap,
+                 "--features", VARIANTS[name], "--n-step", str(args.n_step), "--seed", str(args.seed), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.d3'}")
     run("evaluate", ["scripts/evaluate.py", *(["--suite", args.suite] if args.suite else []),

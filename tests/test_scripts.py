@@ -228,8 +228,9 @@ def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_p
     out = tmp_path / "ablation"
     run_script(["scripts/ablation_features.py", "--dataset", "test/ablation-v0", "--variants", "A0", "A1",
                 "--epochs", "1", "--max-steps-per-epoch", "2", "--n-step", "7", "--prompts", "1", "--targets", "2.0",
-                "--same-k", "--suite", "tiny-train[11::132]", "--out", str(out)], tmp_path)
-    assert json.loads((out / "A1" / "args.json").read_text())["n_step"] == "7"
+                "--seed", "3", "--same-k", "--suite", "tiny-train[11::132]", "--out", str(out)], tmp_path)
+    trained = json.loads((out / "A1" / "args.json").read_text())
+    assert trained["n_step"] == "7" and trained["seed"] == "3"
     rows = [json.loads(line) for line in (out / "eval" / "episodes.jsonl").read_text().splitlines()]
     # evaluated on the validation slice asked for, not on the held-out suite
     assert {r["prompt"] for r in rows} == {get_suite("tiny-train[11::132]").prompts[0]}
