@@ -33,7 +33,7 @@ from d3rlpy.algos.qlearning.torch.utility import DiscreteQFunctionMixin
 from d3rlpy.torch_utility import Modules, TorchMiniBatch, hard_sync, soft_sync
 from torch import nn
 
-from morca_env.observation import MASK_INDEX
+from morca_env.observation import FLAT_MASK, MASK_INDEX
 
 from .networks import MorcaEncoderFactory, masked_logits
 
@@ -48,9 +48,12 @@ def _encoder_field():  # pragma: no mutate block (wiring, not the loss)
 
 
 def action_mask_of(observations) -> torch.Tensor:
+    """The action mask of a batch of MORCA observations, flat (gymnasium's order) or in the tuple form."""
+    if isinstance(observations, torch.Tensor) and observations.ndim == 2:
+        return observations[:, FLAT_MASK]
     if not isinstance(observations, (list, tuple)) or len(observations) <= MASK_INDEX:
-        raise ValueError("DiscreteIQL needs tuple observations [pooled, temporal, scalars, action_mask] "
-                         "(morca_env.data.to_replay_buffer(..., observation='tuple'))")
+        raise ValueError("DiscreteIQL needs MORCA observations: flat (morca_env.data.to_replay_buffer's default) "
+                         "or the tuple [pooled, temporal, scalars, action_mask] (observation='tuple')")
     return observations[MASK_INDEX]
 
 

@@ -1,6 +1,7 @@
 """The MORCA scheduler network (paper App. B.1), as a plain torch module and as a d3rlpy encoder.
 
-Input: MorcaEnv's observation as the tuple [pooled, temporal, scalars, action_mask]:
+Input: MorcaEnv's observation as the tuple [pooled, temporal, scalars, action_mask], or flat in
+gymnasium's `spaces.flatten` order (`to_replay_buffer`'s default, `FlattenObservation(env)`):
 
 * `pooled` (3C, 4, 8, 8): 3D CNN branch, conv widths (32, 32, 64), adaptive
   average pool to 2x2x2 -> 512 features (C = 16 for Wan);
@@ -27,7 +28,7 @@ import torch
 from d3rlpy.models.encoders import EncoderFactory, register_encoder_factory
 from torch import nn
 
-from morca_env.observation import NUM_SCALARS
+from morca_env.observation import NUM_SCALARS, channels_of_flat, is_flat_shape, split_flat
 
 ALL_FEATURES = ("p3", "mean", "var")
 TRUNK_SIZE = 256
@@ -113,26 +114,33 @@ class MorcaNetwork(nn.Module):
 
 
 class MorcaEncoder(nn.Module):
-    """d3rlpy encoder: tuple observation [pooled, temporal, scalars, action_mask] -> 256 features."""
+    """d3rlpy encoder: a tuple observation [pooled, temporal, scalars, action_mask] or a flat one -> 256 features."""
 
-    def __init__(self, channels: int, features: str | tuple[str, ...]):
+    def __init__(self, channels: int, features: str | tuple[str, ...], flat: bool = False):
         super().__init__()
         self.trunk = MorcaTrunk(channels, features)
+        self.flat = flat
 
     def forward(self, x) -> torch.Tensor:
-        pooled, temporal, scalars = x[0], x[1], x[2]
-        return self.trunk(pooled, temporal, scalars)
+        if self.flat:
+            parts = split_flat(x, self.trunk.channels)
+            return self.trunk(parts["pooled"], parts["temporal"], parts["scalars"])
+        return self.trunk(x[0], x[1], x[2])
 
 
 def channels_of(observation_shape) -> int:
-    """Latent channels C from the tuple observation shape ((3C, 4, 8, 8), (6C, 8, 8), (7,), (2,))."""
+    """Latent channels C from a tuple observation shape ((3C, 4, 8, 8), (6C, 8, 8), (7,), (2,)) or a flat one."""
     try:
+        if is_flat_shape(observation_shape):
+            if len(observation_shape) != 1:
+                raise TypeError
+            return channels_of_flat(int(observation_shape[0]))
         pooled_shape = observation_shape[0]
         if len(pooled_shape) != 4 or pooled_shape[0] % 3:
             raise TypeError
-    except (TypeError, IndexError):
-        raise ValueError(f"MorcaEncoderFactory needs tuple observations [pooled, temporal, scalars, action_mask]; "
-                         f"got shape {observation_shape!r} (use to_replay_buffer(..., observation='tuple'))") from None
+    except (TypeError, IndexError, ValueError):
+        raise ValueError(f"MorcaEncoderFactory needs MORCA observations, flat (to_replay_buffer's default) or the "
+                         f"tuple [pooled, temporal, scalars, action_mask]; got shape {observation_shape!r}") from None
     return pooled_shape[0] // 3
 
 
@@ -143,7 +151,8 @@ class MorcaEncoderFactory(EncoderFactory):
     features: str = "p3,mean,var"
 
     def create(self, observation_shape) -> MorcaEncoder:
-        return MorcaEncoder(channels_of(observation_shape), parse_features(self.features))
+        return MorcaEncoder(channels_of(observation_shape), parse_features(self.features),
+                            flat=is_flat_shape(observation_shape))
 
     def create_with_action(self, observation_shape, action_size: int, discrete_action: bool = False):
         raise NotImplementedError("MORCA's networks condition on the state only; Q heads output one value per action")

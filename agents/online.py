@@ -28,7 +28,7 @@ from .checkpoint import load_learnable, save_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
-from .training import (CheckpointDir, batch_source, episode_from_trajectory, make_buffer, observation_shapes, run_updates,
+from .training import (CheckpointDir, batch_source, episode_from_trajectory, make_buffer, observation_shapes, run_updates, tuple_episode,
                        steps_per_epoch)
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class OnlineTrainer:
         self.algo.create_impl(observation_shapes(self.env), 2)
         if offline_algo is not None:
             self.algo.copy_weights_from(offline_algo)
-        self.offline_episodes = list(offline_buffer.episodes) if offline_buffer is not None else []
+        self.offline_episodes = [tuple_episode(e) for e in offline_buffer.episodes] if offline_buffer is not None else []
         self.online_episodes = []
         self.checkpoints = CheckpointDir(self.run_dir)
         self.start_round = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from morca_env.observation import OBS_KEYS, Scalar, as_tuple  # noqa: F401 (OBS_KEYS re-exported)
+from morca_env.observation import OBS_KEYS, Scalar, as_flat, as_tuple, is_flat_shape  # noqa: F401 (OBS_KEYS re-exported)
 
 
 def observation_batch(obs: dict) -> list[np.ndarray]:
@@ -13,8 +13,13 @@ def observation_batch(obs: dict) -> list[np.ndarray]:
     return [x[None] for x in as_tuple(obs)]
 
 
+def flat_batch(obs: dict) -> np.ndarray:
+    """One env observation -> (1, D) float32 in gymnasium's flatten order (what flat-trained algorithms read)."""
+    return as_flat({k: np.asarray(v)[None] for k, v in obs.items()})
+
+
 class MorcaPolicy:
-    """Wraps a d3rlpy algorithm trained on tuple observations (e.g. `DiscreteIQL`).
+    """Wraps a d3rlpy algorithm trained on MORCA observations, flat or tuple (e.g. `DiscreteIQL`).
 
     Follows the rule policies' protocol (`reset(obs, info)`, `__call__(obs)`);
     `deterministic=False` samples from the masked policy (online data collection).
@@ -37,6 +42,8 @@ class MorcaPolicy:
         self._network = network if isinstance(network, torch.nn.Module) else None
         self._device = getattr(impl, "device", "cpu")
         self._on_cpu = torch.device(self._device).type == "cpu"
+        shape = getattr(impl, "observation_shape", None) if impl is not None else None
+        self.flat = shape is not None and is_flat_shape(shape)  # trained on to_replay_buffer's default (flat) form
         factory = getattr(getattr(algo, "config", None), "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))  # unknown encoders: assume they do
         if self.pace and self._network is None:
@@ -63,6 +70,9 @@ class MorcaPolicy:
         if self._network is None:
             raise TypeError(f"{type(self.algo).__name__} exposes no policy network (impl.policy): its logits "
                             "cannot be read; only a single policy of it can act (through predict)")
+        if self.flat:
+            x = torch.from_numpy(flat_batch(obs))
+            return self._network(x if self._on_cpu else x.to(self._device))[0]
         batch = observation_batch(obs) if self.reads_latents else [
             None, None, np.asarray(obs["scalars"], np.float32)[None], np.asarray(obs["action_mask"], np.float32)[None]]
         return self._network([x if x is None else torch.from_numpy(x) if self._on_cpu
@@ -81,7 +91,7 @@ class MorcaPolicy:
                 logits = logits - logits.new_tensor([0.0, self.pace * reuses_ahead(obs)])  # on the network's device
             action = pick(logits, self.deterministic)
         else:
-            batch = observation_batch(obs)
+            batch = flat_batch(obs) if self.flat else observation_batch(obs)
             action = self.algo.predict(batch) if self.deterministic else self.algo.sample_action(batch)
             action = int(action[0])
         if not obs["action_mask"][action]:  # cannot happen with masked logits; guard for foreign algorithms

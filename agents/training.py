@@ -16,7 +16,7 @@ from morca_env.io import atomic_write_text
 from .checkpoint import save_learnable
 from .sampling import TransitionSampler
 
-from morca_env.observation import OBS_KEYS, as_tuple
+from morca_env.observation import OBS_KEYS, as_tuple, channels_of_flat, split_flat
 
 
 def episode_from_trajectory(trajectory) -> Episode:
@@ -26,6 +26,17 @@ def episode_from_trajectory(trajectory) -> Episode:
     obs = as_tuple({k: trajectory.observations[k][:n] for k in OBS_KEYS})
     return Episode(observations=obs, actions=trajectory.actions.astype(np.int64).reshape(n, 1),
                    rewards=trajectory.rewards.astype(np.float32).reshape(n, 1), terminated=True)
+
+
+def tuple_episode(episode: Episode) -> Episode:
+    """`episode` with tuple observations: a flat one (to_replay_buffer's default) is split by the flat layout,
+    so buffers of either form can be merged with the online episodes (tuple)."""
+    if isinstance(episode.observations, (list, tuple)):
+        return episode
+    flat = np.asarray(episode.observations)
+    parts = split_flat(flat, channels_of_flat(flat.shape[1]))
+    return Episode(observations=[np.ascontiguousarray(parts[k]) for k in OBS_KEYS], actions=episode.actions,
+                   rewards=episode.rewards, terminated=episode.terminated)
 
 
 def make_buffer(episodes: list[Episode], n_step: int = 1) -> ReplayBuffer:

@@ -346,14 +346,6 @@ def _run_on_executor(executor, recipe: CollectionRecipe, staging: Path, todo: li
 
 
 # ------------------------------------------------------------------ collect
-def dataset_spaces(env, feature_dtype: str):
-    """The dataset's observation space: the env's, with features stored in `feature_dtype`."""
-    spaces = dict(env.observation_space.spaces)
-    for key in FEATURE_KEYS:
-        box = spaces[key]
-        spaces[key] = gym.spaces.Box(-np.inf, np.inf, box.shape, np.dtype(feature_dtype))
-    return gym.spaces.Dict(spaces), env.action_space
-
 
 def _copy(value, default):
     """A dict argument copied (None: `default`); anything else is left for the recipe to refuse."""
@@ -455,11 +447,15 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
 
     base_spec = gym.spec(recipe.env_id)
     spec_kwargs = {k: v for k, v in recipe.env_kwargs.items() if k not in SPEC_EXCLUDED_KWARGS}
-    env_spec = replace(base_spec, kwargs={**base_spec.kwargs, **spec_kwargs, "enforce_budget": False})
-    eval_spec = replace(base_spec, kwargs={**base_spec.kwargs, **spec_kwargs, "enforce_budget": True})
+    # both specs hold agents to their budget (the data were collected budget-free and relabelled, which the
+    # recipe records) and give observations in the dataset's own dtypes: recover_environment()'s observation
+    # space is the dataset's
+    env_spec = replace(base_spec, kwargs={**base_spec.kwargs, **spec_kwargs, "enforce_budget": True,
+                                          "feature_dtype": recipe.feature_dtype})
+    eval_spec = env_spec
     probe = gym.make(env_spec, **({} if "reference_cache_dir" not in recipe.env_kwargs else
                                   {"reference_cache_dir": recipe.env_kwargs["reference_cache_dir"]}))
-    observation_space, action_space = dataset_spaces(probe.unwrapped, recipe.feature_dtype)
+    observation_space, action_space = probe.observation_space, probe.action_space  # the dataset's dtypes
     probe.close()
 
     buffers = []

@@ -24,7 +24,8 @@ from .calibrate import load_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
-from .observation import SCALAR_NAMES, ObservationBuilder, observation_space, parse_action  # noqa: F401 (SCALAR_NAMES re-exported)
+from .observation import (FEATURE_DTYPES, SCALAR_NAMES, ObservationBuilder, observation_space,  # noqa: F401
+                          parse_action)  # (SCALAR_NAMES re-exported)
 from .signals import SIGNAL_KINDS, signal_input_for_step
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -130,7 +131,9 @@ class MorcaEnv(gym.Env):
     mean realised speedup over episodes is the target; "nearest": always the K with
     the nearest predicted speedup), `latent_features` (default True; False leaves
     `pooled` and `temporal` at zero and skips computing them, for rule schedulers and
-    scalar-state policies: a cheaper env, so measure its own calibration).
+    scalar-state policies: a cheaper env, so measure its own calibration), `feature_dtype`
+    ("float32", the default, or "float16": the dtype of `pooled` and `temporal`, as the
+    project's datasets store them, so a dataset's observation space equals its recovered env's).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -161,6 +164,7 @@ class MorcaEnv(gym.Env):
         enforce_budget: bool = True,
         budget_rounding: str = "dither",
         latent_features: bool = True,
+        feature_dtype: str = "float32",
         render_mode: str | None = None,
     ):
         super().__init__()
@@ -175,6 +179,9 @@ class MorcaEnv(gym.Env):
             raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON "
                             "path or a SpeedupCalibration")
         self.latent_features = bool(latent_features)
+        if feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
+        self.feature_dtype = feature_dtype
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
         self.budget_rounding = budget_rounding
@@ -238,9 +245,10 @@ class MorcaEnv(gym.Env):
         self._stock_latency_s: float | None = None
         self._fingerprint = self._pipeline_fingerprint()
         self._lpips = self._make_lpips(lpips)
-        self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features)
+        self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features,
+                                           feature_dtype=self.feature_dtype)
 
-        self.observation_space = observation_space(self.denoiser.in_channels)
+        self.observation_space = observation_space(self.denoiser.in_channels, self.feature_dtype)
         self.action_space = spaces.Discrete(2)
         self._episode_active = False
         self._ended = False

@@ -19,8 +19,14 @@ from .signals import StepDistanceTracker
 
 # ----------------------------------------------------------------- the layout (its one home)
 OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")  # order of the tuple form (d3rlpy, networks)
-FEATURE_KEYS = ("pooled", "temporal")  # latent features (stored as float16 in datasets)
+FEATURE_KEYS = ("pooled", "temporal")  # latent features (float16 in datasets unless collected in float32)
 MASK_INDEX = OBS_KEYS.index("action_mask")
+# The flat form's order is gymnasium's (`spaces.flatten`, `FlattenObservation`): a Dict space sorts its keys.
+# A buffer in any other order has the same length, so a policy trained on it and run through gymnasium's
+# flatten would read the wrong inputs without an error.
+FLAT_KEYS = tuple(sorted(OBS_KEYS))
+FLAT_MASK = slice(0, 2)  # the mask leads the flat vector (sorted first), whatever the channel count
+assert FLAT_KEYS[0] == "action_mask"
 
 
 class Scalar(IntEnum):
@@ -40,14 +46,19 @@ NUM_SCALARS = len(Scalar)
 TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
 
 
-def observation_space(channels: int) -> spaces.Dict:
-    """MorcaEnv's observation space for a latent with `channels` channels."""
+FEATURE_DTYPES = ("float32", "float16")
+
+
+def observation_space(channels: int, feature_dtype: str = "float32") -> spaces.Dict:
+    """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal)."""
+    if feature_dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
     shapes = feature_shapes(channels)
     high = np.full(NUM_SCALARS, 1.0, dtype=np.float32)
     high[[Scalar.d_t, Scalar.D_t]] = np.inf  # distances are unbounded
     return spaces.Dict({
-        "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.float32),
-        "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.float32),
+        "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.dtype(feature_dtype)),
+        "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.dtype(feature_dtype)),
         "scalars": spaces.Box(np.zeros(NUM_SCALARS, np.float32), high, (NUM_SCALARS,), np.float32),
         "action_mask": spaces.MultiBinary(2),
     })
@@ -59,8 +70,45 @@ def as_tuple(obs: dict) -> list[np.ndarray]:
 
 
 def as_flat(obs: dict) -> np.ndarray:
-    """Stacked (T, ...) dict observation -> (T, D) float32, the keys concatenated in `OBS_KEYS` order."""
-    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(len(obs[k]), -1) for k in OBS_KEYS], axis=1)
+    """Stacked (T, ...) dict observation -> (T, D) float32 in `FLAT_KEYS` order: row t equals
+    `gymnasium.spaces.flatten(env.observation_space, obs_t)`."""
+    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(len(obs[k]), -1) for k in FLAT_KEYS], axis=1)
+
+
+def _part_shapes(channels: int) -> dict[str, tuple[int, ...]]:
+    return {**feature_shapes(channels), "scalars": (NUM_SCALARS,), "action_mask": (2,)}
+
+
+def flat_size(channels: int) -> int:
+    """Length of the flat observation for `channels` latent channels (MorcaTiny, C = 3: 3465)."""
+    return sum(int(np.prod(shape)) for shape in _part_shapes(channels).values())
+
+
+def channels_of_flat(size: int) -> int:
+    """The channel count C of a flat observation of length `size`, or an error naming the valid lengths."""
+    fixed, per_channel = flat_size(0), flat_size(1) - flat_size(0)
+    if size < fixed + per_channel or (size - fixed) % per_channel:
+        raise ValueError(f"a flat MORCA observation has {fixed} + {per_channel} x C values (C latent channels: "
+                         f"{flat_size(3)} for MorcaTiny, {flat_size(16)} for Wan); got {size}")
+    return (size - fixed) // per_channel
+
+
+def split_flat(x, channels: int) -> dict:
+    """Flat observations (B, D) (numpy or torch) -> their parts by key, each (B, *shape)."""
+    parts, start = {}, 0
+    shapes = _part_shapes(channels)
+    for key in FLAT_KEYS:
+        size = int(np.prod(shapes[key]))
+        parts[key] = x[:, start:start + size].reshape(x.shape[0], *shapes[key])
+        start += size
+    if start != x.shape[1]:
+        raise ValueError(f"flat observations of length {x.shape[1]}; {channels} channels give {start}")
+    return parts
+
+
+def is_flat_shape(observation_shape) -> bool:
+    """True for a flat observation shape (D,), False for the tuple form's shapes [(3C, 4, 8, 8), ...]."""
+    return not isinstance(observation_shape[0], (list, tuple))
 
 
 def step_of(obs, num_steps: int) -> int:
@@ -88,9 +136,12 @@ class ObservationBuilder:
     visible share of a reused step (MorcaTiny: ~1.2 of ~7 ms)."""
 
     def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
-                 latent_features: bool = True):
+                 latent_features: bool = True, feature_dtype: str = "float32"):
+        if feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
         self.spec = spec
         self.latent_features = bool(latent_features)
+        self.feature_dtype = np.dtype(feature_dtype)
         self.tracker = StepDistanceTracker(kind=signal_kind, power_exp=power_exp)
         self.reset(0)
 
@@ -126,11 +177,13 @@ class ObservationBuilder:
             self.mask = TERMINAL_MASK.copy()
         if current is None:
             shapes = feature_shapes(latents.shape[1])
-            pooled, temporal = (np.zeros(shapes[k], dtype=np.float32) for k in ("pooled", "temporal"))
+            pooled, temporal = (np.zeros(shapes[k], dtype=self.feature_dtype) for k in ("pooled", "temporal"))
         else:
             previous = current if self._previous is None else self._previous
             last = current if self._last is None else self._last
             pooled, temporal = stack_features(current, previous, last)
+            if self.feature_dtype != pooled.dtype:
+                pooled, temporal = pooled.astype(self.feature_dtype), temporal.astype(self.feature_dtype)
         since = 0 if self.last_recompute is None else index - self.last_recompute
         scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
                             float(cache_valid)], dtype=np.float32)

@@ -121,7 +121,7 @@ def test_item16_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(root
     cql = d3rlpy.algos.DiscreteCQLConfig(batch_size=8).create(device="cpu")
     cql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
             logger_adapter=d3rlpy.logging.NoopAdapterFactory())
-    iql = DiscreteIQLConfig(batch_size=8).create(device="cpu")
-    with pytest.raises(ValueError, match="observation='tuple'"):
-        iql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
-                logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    iql = DiscreteIQLConfig(batch_size=8).create(device="cpu")  # ours takes the default (flat) buffer too
+    iql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
+            logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    assert iql.grad_step == 2

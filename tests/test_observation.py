@@ -160,7 +160,7 @@ def test_step_of_reads_the_step_back_from_the_remaining_steps_scalar():
     assert step_of(builder.observe(None, xs[N]), N) == N
 
 
-def test_as_flat_concatenates_each_row_in_obs_keys_order_as_float32():
+def test_as_flat_concatenates_each_row_in_gymnasiums_sorted_key_order_as_float32():
     t = 2
     obs = {"pooled": np.arange(t * 3 * 2, dtype=np.float16).reshape(t, 3, 2),
            "temporal": 100 + np.arange(t * 4, dtype=np.float16).reshape(t, 2, 2),
@@ -169,7 +169,8 @@ def test_as_flat_concatenates_each_row_in_obs_keys_order_as_float32():
     flat = as_flat(obs)
     assert flat.dtype == np.float32 and flat.shape == (t, 6 + 4 + 3 + 2)
     for row in range(t):
-        expected = np.concatenate([np.asarray(obs[k][row], dtype=np.float32).ravel() for k in OBS_KEYS])
+        expected = np.concatenate([np.asarray(obs[k][row], dtype=np.float32).ravel()
+                                   for k in ("action_mask", "pooled", "scalars", "temporal")])
         np.testing.assert_array_equal(flat[row], expected)
 
 

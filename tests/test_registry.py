@@ -73,7 +73,7 @@ def test_scalar_layout_matches_what_the_env_writes(envs):
     assert env.observation_space == observation_space(3)
 
 
-def test_tuple_and_flat_forms_follow_obs_keys(envs):
+def test_tuple_form_follows_obs_keys_and_flat_form_gymnasiums_flatten(envs):
     env, _ = envs
     obs, _ = env.reset(options={"prompt": "a red circle", "seed": 0})
     stacked = {k: np.stack([v, v]) for k, v in obs.items()}
@@ -81,7 +81,8 @@ def test_tuple_and_flat_forms_follow_obs_keys(envs):
     assert [p.shape[1:] for p in parts] == [obs[k].shape for k in OBS_KEYS]
     flat = as_flat(stacked)
     assert flat.shape == (2, sum(obs[k].size for k in OBS_KEYS))
-    assert np.array_equal(flat[0, -2:], obs["action_mask"].astype(np.float32))  # the mask comes last
+    assert np.array_equal(flat[0, :2], obs["action_mask"].astype(np.float32))  # the mask comes first (sorted keys)
+    assert np.array_equal(flat[1], gym.spaces.flatten(env.observation_space, obs))
 
 
 def test_budget_for_speedup_is_what_reset_runs(envs):

@@ -475,15 +475,17 @@ def test_iql_acts_row_by_row_within_each_rows_mask():
         assert impl.inner_predict_best_action(free).tolist() == impl.policy(free).argmax(dim=1).tolist()
 
 
-def test_iql_needs_tuple_observations_and_a_built_algorithm():
+def test_iql_needs_morca_observations_and_a_built_algorithm():
     from d3rlpy.constants import ActionSpace
 
     from agents.iql import action_mask_of
 
     x = [torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 7), torch.ones(2, 2)]
     assert action_mask_of(x) is x[3] and action_mask_of(tuple(x)) is x[3]
-    for bad in (x[:3], torch.zeros(2, 4)):
-        with pytest.raises(ValueError, match=r"DiscreteIQL needs tuple observations \[pooled, temporal, scalars"):
+    flat = torch.arange(10.0).reshape(2, 5)
+    assert torch.equal(action_mask_of(flat), flat[:, :2])  # flat (gymnasium's order): the mask leads
+    for bad in (x[:3], torch.zeros(2, 4, 1)):
+        with pytest.raises(ValueError, match=r"DiscreteIQL needs MORCA observations: flat"):
             action_mask_of(bad)
     algo = scalar_iql()
     assert algo.get_action_type() == ActionSpace.DISCRETE

@@ -1,0 +1,86 @@
+"""One flat observation layout everywhere: the replay buffer's, gymnasium's `FlattenObservation`, the networks'."""
+
+import d3rlpy
+import gymnasium as gym
+import minari
+import numpy as np
+import pytest
+import torch
+from gymnasium.wrappers import FlattenObservation
+
+from morca_env.data import collect_dataset, episode_options, to_replay_buffer
+from morca_env.observation import (FLAT_KEYS, as_flat, channels_of_flat, flat_size, observation_space,
+                                   split_flat)
+
+ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
+NOOP = d3rlpy.logging.NoopAdapterFactory()
+
+
+@pytest.fixture
+def dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    return collect_dataset("test/tiny/flat-v0", "MorcaTinyRandom-v0", 3, env_kwargs=ENV_KWARGS,
+                           behavior={"name": "threshold-curve"}, progress=False)
+
+
+def test_flat_order_is_gymnasiums_and_splits_back():
+    space = observation_space(3)
+    assert FLAT_KEYS == tuple(space.spaces)  # gymnasium's Dict sorts its keys; flatten follows that order
+    rng = np.random.default_rng(0)
+    obs = {k: rng.normal(size=(2, *s.shape)).astype(np.float32) for k, s in space.spaces.items()}
+    obs["action_mask"] = rng.integers(0, 2, size=(2, 2)).astype(np.int8)
+    flat = as_flat(obs)
+    assert flat.shape == (2, flat_size(3)) == (2, 3465)
+    for row in range(2):
+        assert np.array_equal(flat[row], gym.spaces.flatten(space, {k: v[row] for k, v in obs.items()}))
+    parts = split_flat(torch.from_numpy(flat), channels_of_flat(flat.shape[1]))
+    assert all(np.array_equal(parts[k].numpy(), obs[k]) for k in obs)
+    with pytest.raises(ValueError, match="got 3466"):
+        channels_of_flat(3466)
+
+
+def test_buffer_rows_equal_flatten_observation_of_the_recovered_env(dataset):
+    """Replaying a stored episode through FlattenObservation(recover_environment()) gives the buffer's rows."""
+    buffer = to_replay_buffer(dataset)  # the default: flat
+    env = dataset.recover_environment()
+    assert env.observation_space == dataset.observation_space  # same dtypes (float16 features) and keys
+    assert env.unwrapped.enforce_budget  # agents evaluated in the recovered env are held to their budget
+    flat_env = FlattenObservation(env)
+    meta = episode_options(dataset)[1]
+    stored = buffer.episodes[1]
+    obs, _ = flat_env.reset(options={"prompt": meta["prompt"], "seed": meta["seed"], "budget": meta["budget"]})
+    seen = [obs]
+    for action in stored.actions[:, 0]:
+        obs, reward, done, _, _ = flat_env.step(int(action))
+        seen.append(obs)
+    assert done and reward == pytest.approx(float(stored.rewards[-1, 0]), abs=1e-4)
+    assert np.array_equal(np.stack(seen[:-1]), stored.observations)
+
+
+def test_algorithms_trained_on_the_default_buffer_act_through_flatten_observation(dataset):
+    """Our DiscreteIQL and d3rlpy's own algorithms fit the default buffer and take FlattenObservation's inputs."""
+    from agents import DiscreteIQLConfig, MorcaPolicy
+    from agents.networks import MorcaEncoderFactory
+
+    buffer = to_replay_buffer(dataset)
+    encoder = MorcaEncoderFactory(features="")
+    iql = DiscreteIQLConfig(batch_size=8, actor_encoder_factory=encoder, critic_encoder_factory=encoder,
+                            value_encoder_factory=encoder).create(device="cpu")
+    iql.fit(buffer, n_steps=4, n_steps_per_epoch=4, show_progress=False, logger_adapter=NOOP)
+    bc = d3rlpy.algos.DiscreteBCConfig(batch_size=8).create(device="cpu")
+    bc.fit(buffer, n_steps=4, n_steps_per_epoch=4, show_progress=False, logger_adapter=NOOP)
+
+    env = dataset.recover_environment()
+    policy = MorcaPolicy(iql)  # the dict-observation scheduler of a flat-trained algorithm
+    assert policy.flat
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        flat = gym.spaces.flatten(env.observation_space, obs)  # what FlattenObservation(env) gives
+        iql_action = int(iql.predict(flat[None])[0])
+        assert obs["action_mask"][iql_action], "DiscreteIQL's masked policy picked an infeasible action"
+        assert policy(obs) == iql_action
+        assert int(bc.predict(flat[None])[0]) in (0, 1)
+        obs, _, done, _, info = env.step(iql_action)
+        assert not info["projected"]
