@@ -85,7 +85,9 @@ class MorcaEnv(gym.Env):
     C is the latent's channel count (16 for Wan, 3 for MorcaTiny). d_t is SeaCache's
     filtered step distance and D_t its sum since the last recompute (unbounded);
     t = remaining steps / N, l_t = steps since the last recompute / N,
-    u_t = reuses so far / N, K = budget / N.
+    u_t = reuses so far / N, K = budget / N. The flat form (`FlattenObservation(env)`,
+    `to_replay_buffer`'s default) follows gymnasium's sorted keys: action_mask, pooled,
+    scalars, temporal (`morca_env.observation.FLAT_KEYS`).
 
     ## Rewards
 
