@@ -379,9 +379,14 @@ class MorcaEnv(gym.Env):
         obs = self._observe()
         info = {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
                 "target_speedup": self.target_speedup, "num_steps": self.num_steps,
-                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated,
-                "run_view": self.denoiser}  # for schedulers that read run-time signals (rules.runtime)
-        return obs, info
+                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated}
+        return obs, info  # plain values only: async vector envs, SubprocVecEnv and Ray pickle it
+
+    @property
+    def run_view(self) -> StepwiseDenoiser:
+        """The live run, for schedulers that read run-time signals (`rules.runtime`); never put in `info`,
+        which must pickle."""
+        return self.denoiser
 
     def _episode_target(self, options) -> tuple[float | None, int]:
         if "speedup" in options and "budget" in options:

@@ -47,8 +47,9 @@ class Trajectory:
 def rollout(env, policy, options: dict | None = None, seed: int | None = None, record: bool = False) -> Trajectory:
     """Play one episode of `env` with `policy`; see the module docstring."""
     obs, reset_info = env.reset(seed=seed, options=options)
+    view = getattr(env.unwrapped, "run_view", None)  # the run played, for run-time rules (the env's info stays plain)
     t0 = time.perf_counter()
-    policy.reset(obs, reset_info)
+    policy.reset(obs, reset_info if view is None else {**reset_info, "run_view": view})
     setup = time.perf_counter() - t0
     kept = {k: [v] for k, v in obs.items()} if record else None
     actions, rewards, requested = [], [], []

@@ -91,7 +91,7 @@ class Source:
             den = self.env.denoiser
             return RunContext(n, forced, self.branches or den.branches, den.timesteps,
                               [den.expert(i) for i in range(n)], self._calibration(n, forced) or self.env.calibration,
-                              self.model, info.get("run_view"))
+                              self.model, info.get("run_view", self.env.run_view))
         if self.pipe is not None:
             timesteps = wan_structure.pipeline_timesteps(self.pipe, n)
             experts = wan_structure.experts(self.pipe)

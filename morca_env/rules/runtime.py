@@ -55,7 +55,7 @@ class RunView(Protocol):
         ...
 
 
-# A StepwiseDenoiser is a RunView (the env passes its own as info["run_view"]); so is accelerate's run.
+# A StepwiseDenoiser is a RunView (the env's is `env.unwrapped.run_view`); so is accelerate's run (its info["run_view"]).
 
 
 class HeadSignal:
