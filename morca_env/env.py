@@ -24,7 +24,7 @@ from .calibrate import load_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache
-from .observation import (FEATURE_DTYPES, SCALAR_NAMES, ObservationBuilder, observation_space,  # noqa: F401
+from .observation import (SCALAR_NAMES, check_feature_dtype, ObservationBuilder, observation_space,  # noqa: F401
                           parse_action)  # (SCALAR_NAMES re-exported)
 from .signals import SIGNAL_KINDS, signal_input_for_step
 
@@ -181,9 +181,7 @@ class MorcaEnv(gym.Env):
             raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON "
                             "path or a SpeedupCalibration")
         self.latent_features = bool(latent_features)
-        if feature_dtype not in FEATURE_DTYPES:
-            raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
-        self.feature_dtype = feature_dtype
+        self.feature_dtype = check_feature_dtype(feature_dtype)  # before the pipeline loads
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
         self.budget_rounding = budget_rounding

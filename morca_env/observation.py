@@ -49,10 +49,16 @@ TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
 FEATURE_DTYPES = ("float32", "float16")
 
 
-def observation_space(channels: int, feature_dtype: str = "float32") -> spaces.Dict:
-    """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal)."""
+def check_feature_dtype(feature_dtype) -> str:
+    """`feature_dtype` if valid, else an error naming the valid dtypes."""
     if feature_dtype not in FEATURE_DTYPES:
         raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
+    return feature_dtype
+
+
+def observation_space(channels: int, feature_dtype: str = "float32") -> spaces.Dict:
+    """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal)."""
+    check_feature_dtype(feature_dtype)
     shapes = feature_shapes(channels)
     high = np.full(NUM_SCALARS, 1.0, dtype=np.float32)
     high[[Scalar.d_t, Scalar.D_t]] = np.inf  # distances are unbounded
@@ -137,11 +143,9 @@ class ObservationBuilder:
 
     def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
                  latent_features: bool = True, feature_dtype: str = "float32"):
-        if feature_dtype not in FEATURE_DTYPES:
-            raise ValueError(f"feature_dtype={feature_dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
         self.spec = spec
         self.latent_features = bool(latent_features)
-        self.feature_dtype = np.dtype(feature_dtype)
+        self.feature_dtype = np.dtype(check_feature_dtype(feature_dtype))
         self.tracker = StepDistanceTracker(kind=signal_kind, power_exp=power_exp)
         self.reset(0)
 

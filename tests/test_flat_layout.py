@@ -84,3 +84,10 @@ def test_algorithms_trained_on_the_default_buffer_act_through_flatten_observatio
         assert int(bc.predict(flat[None])[0]) in (0, 1)
         obs, _, done, _, info = env.step(iql_action)
         assert not info["projected"]
+
+
+def test_a_bad_feature_dtype_is_named_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"feature_dtype='int8'; valid: float32, float16"):
+        gym.make("MorcaTinyRandom-v0", feature_dtype="int8", lpips=False)
+    env = gym.make("MorcaTinyRandom-v0", feature_dtype="float16", lpips=False)
+    assert env.observation_space["pooled"].dtype == np.float16
