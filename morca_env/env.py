@@ -104,10 +104,13 @@ class MorcaEnv(gym.Env):
 
     ## Episode End
 
-    After N steps: `terminated=True` (never truncated). The final `info` holds
-    `psnr`, `ssim`, `lpips` (when LPIPS weights are available), `schedule`,
-    `num_reuse`, `budget`, `target_speedup`, `latency_s`, `reference_latency_s`
-    and `speedup` = `reference_latency_s / latency_s`. `reference_latency_s` is a
+    After N steps: `terminated=True` (never truncated). `info` has the same keys
+    after reset and every step (plain values, no None, so vector envs, tianshou's
+    buffers and Ray take it); the final one holds `psnr`, `ssim`, `lpips` (when
+    LPIPS weights are available), `schedule` (N 0/1 decisions; -1 marks steps not
+    yet taken before the end), `num_reuse`, `budget`, `target_speedup` (0.0 when
+    set by a budget), `latency_s`, `reference_latency_s` and `speedup` =
+    `reference_latency_s / latency_s` (the end-only values are 0.0 before it). `reference_latency_s` is a
     stock (no-reuse) generation timed by this env in this process, once, on its
     first reset (after a warm-up run when the reference came from disk); the
     latency stored with a cached reference is never used, since it may come from
@@ -375,10 +378,7 @@ class MorcaEnv(gym.Env):
         self.projected_count = 0
         self._episode_active, self._ended = True, False
         obs = self._observe()
-        info = {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
-                "target_speedup": self.target_speedup, "num_steps": self.num_steps,
-                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference.generated}
-        return obs, info  # plain values only: async vector envs, SubprocVecEnv and Ray pickle it
+        return obs, self._info(reference_generated=reference.generated)
 
     @property
     def run_view(self) -> StepwiseDenoiser:
@@ -471,24 +471,39 @@ class MorcaEnv(gym.Env):
         self.denoiser.step(reuse=bool(executed))
         self.schedule.append(executed)
         self.projected_count += int(projected)
-        info: dict[str, Any] = {"step": i, "action": executed, "requested_action": requested, "projected": projected,
-                                "reuses": self.used, "budget": self.budget}
-        reward, terminated = 0.0, False
+        reward, terminated, final = 0.0, False, {}
         if self.denoiser.done:
             terminated = True
             video = to_uint8(self.denoiser.decode())
             self.last_video = video
-            metrics = video_metrics(video, self.reference_video, self._lpips)
-            reward = float(min(metrics["psnr"], self.r_max))
-            latency = self.denoiser.elapsed_s + self._overhead_s
-            info.update(metrics)
-            info.update({"schedule": list(self.schedule), "num_reuse": self.used, "target_speedup": self.target_speedup,
-                         "latency_s": latency, "reference_latency_s": self.reference_latency,
-                         "overhead_s": self._overhead_s, "speedup": self.reference_latency / latency,
-                         "num_projected": self.projected_count, "prompt": self.prompt, "seed": self.gen_seed})
+            final = video_metrics(video, self.reference_video, self._lpips)
+            reward = float(min(final["psnr"], self.r_max))
+            final["latency_s"] = latency = self.denoiser.elapsed_s + self._overhead_s
+            final["speedup"] = self.reference_latency / latency
+            final["overhead_s"] = self._overhead_s  # the one in latency_s (the terminal observation is not)
             self._episode_active, self._ended = False, True
         obs = self._observe()
-        return obs, reward, terminated, False, info
+        return obs, reward, terminated, False, self._info(i, executed, requested, projected, final)
+
+    def _info(self, step: int = -1, action: int = -1, requested: int = -1, projected: bool = False,
+              final: dict | None = None, reference_generated: bool = False) -> dict[str, Any]:
+        """The same keys after reset and after every step, as plain picklable values with no None: tianshou
+        stacks infos into arrays (a missing key or a None becomes NaN and stops it), async vector envs, sb3's
+        SubprocVecEnv and Ray pickle them. What only the end knows (`psnr`, `ssim`, `lpips`, and the timings
+        `latency_s`, `speedup`, `overhead_s`, so check_env's determinism check holds) is 0.0 until the terminal
+        step; `schedule` is the N decisions so far, -1 where not yet made; `step` / `action` /
+        `requested_action` are -1 after reset; `target_speedup` is 0.0 when the episode was set by a budget;
+        `reference_generated` says whether this call generated the reference video (only a reset can)."""
+        schedule = self.schedule + [-1] * (self.num_steps - len(self.schedule))
+        ends = {"psnr": 0.0, "ssim": 0.0, **({"lpips": 0.0} if self._lpips is not None else {}),
+                "latency_s": 0.0, "speedup": 0.0, "overhead_s": 0.0}
+        return {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
+                "target_speedup": self.target_speedup or 0.0, "num_steps": self.num_steps,
+                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference_generated,
+                "step": step, "action": action, "requested_action": requested, "projected": projected,
+                "reuses": self.used, "num_reuse": self.used, "num_projected": self.projected_count,
+                "schedule": schedule, "reference_latency_s": self.reference_latency,
+                **ends, **(final or {})}
 
     def render(self):
         """rgb_array: the middle frame of the last finished video (or of the reference before any)."""
