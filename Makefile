@@ -7,14 +7,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test test-slow bench mutate clean-venv
+CORE_VENV ?= .venv-core
+CORE_PY := $(CORE_VENV)/bin/python
+
+.PHONY: quickstart test test-slow test-core bench mutate clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch/torchvision pinned to the builds this project is tested with (CUDA build, runs on CPU too)
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# everything: the core and every extra (agents, sb3, lpips, ray, benchmark); `pip install .` alone is the core
+	$(PY) -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
 quickstart: $(STAMP)
@@ -22,6 +26,17 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# the core install alone on the newest gymnasium 1.x, beside torchrl and tianshou (no d3rlpy, sb3, lpips)
+$(CORE_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_PY) -m pip install --quiet --upgrade pip
+	$(CORE_PY) -m pip install --quiet torch==2.14.1
+	$(CORE_PY) -m pip install --quiet -e ".[dev]" "gymnasium>=1.1,<2" torchrl tianshou
+	touch $(CORE_VENV)/.installed
+
+test-core: $(CORE_VENV)/.installed
+	MORCA_CORE_ONLY=1 $(CORE_PY) -m pytest -q -m "core and not slow" $(ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
@@ -38,4 +53,4 @@ bench: $(STAMP)
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CORE_VENV)

@@ -5,9 +5,11 @@ with d3rlpy, so `agents.checkpoint.load_learnable(path)` (which also verifies th
 checksum) and `d3rlpy.load_learnable(path)` work after `import agents`.
 """
 
+from morca_env.extras import require
 from morca_env.quiet import quiet_d3rlpy
 
-quiet_d3rlpy()  # before d3rlpy is imported below: no legacy-gym notice, no info-level log lines
+quiet_d3rlpy("the agents package (IQL, REINFORCE)")  # before d3rlpy is imported below: quiet, or a clear error
+require("tensorboard", "the agents package's training logs")
 
 from .iql import DiscreteIQL, DiscreteIQLConfig  # noqa: E402
 from .networks import MorcaEncoderFactory, MorcaNetwork, MorcaTrunk

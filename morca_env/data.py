@@ -557,7 +557,7 @@ def transition_picker(n_step: int = 1):
     one-step TD needs ~N hops of slow target updates to carry the reward back to the first step;
     n_step = N makes every target the episode's own return (Monte-Carlo), which converges in a
     CPU-sized number of updates."""
-    quiet_d3rlpy()
+    quiet_d3rlpy("transition_picker (d3rlpy's n-step picker)")
     from d3rlpy.dataset import BasicTransitionPicker, MultiStepTransitionPicker
 
     if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
@@ -577,7 +577,7 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
     n-step returns (`transition_picker`).
     """
-    quiet_d3rlpy()
+    quiet_d3rlpy("to_replay_buffer (a d3rlpy ReplayBuffer)")
     from d3rlpy.constants import ActionSpace
     from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 

@@ -26,21 +26,16 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
+from .extras import require
+
 log = logging.getLogger(__name__)
-
-INSTALL_HINT = 'Ray is not installed: pip install -e ".[ray]" (or pip install "ray>=2.9")'
-
 
 class WorkerFailed(RuntimeError):
     """One or more Ray workers died or raised; the results they returned before were yielded."""
 
 
 def import_ray():
-    try:
-        import ray
-    except ImportError as error:
-        raise ImportError(f"--ray / RayExecutor needs Ray. {INSTALL_HINT}") from error
-    return ray
+    return require("ray", "--ray / RayExecutor")
 
 
 def check_count(name: str, value, low: int = 1) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torchmetrics.functional.image import structural_similarity_index_measure
 
+from .extras import MissingExtra, require
+
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 
@@ -53,7 +55,8 @@ def ssim(video: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 class LpipsUnavailable(RuntimeError):
-    """LPIPS' AlexNet backbone weights are not on disk (they download from the internet on first use)."""
+    """LPIPS cannot run: its AlexNet backbone weights are not on disk (they download from the internet on
+    first use) or the `lpips` package (the `[lpips]` extra) is not installed."""
 
 
 def alexnet_weights_path() -> Path:
@@ -70,6 +73,10 @@ class Lpips:
     MIN_SIDE = 64
 
     def __init__(self, device: str | torch.device = "cpu"):
+        try:  # the package first: without it the weights would not help
+            lpips = require("lpips", "LPIPS")
+        except MissingExtra as error:
+            raise LpipsUnavailable(str(error)) from error
         path = alexnet_weights_path()
         if not path.is_file():
             raise LpipsUnavailable(
@@ -77,8 +84,6 @@ class Lpips:
                 "On a machine with internet run `python -c \"import torchvision; torchvision.models.alexnet(weights='DEFAULT')\"` "
                 "and copy its $TORCH_HOME/hub/checkpoints here, or point TORCH_HOME at a directory that holds them."
             )
-        import lpips
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.model = lpips.LPIPS(net="alex", verbose=False).to(device).eval()

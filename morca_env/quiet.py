@@ -30,10 +30,13 @@ def quiet_legacy_gym() -> None:
             sys.stderr.write(text)
 
 
-def quiet_d3rlpy() -> None:
-    """Import d3rlpy without gym's notice and raise its structlog threshold to WARNING (idempotent)."""
+def quiet_d3rlpy(feature: str = "this feature") -> None:
+    """Import d3rlpy without gym's notice and raise its structlog threshold to WARNING (idempotent);
+    without d3rlpy, `MissingExtra` names the `[agents]` extra that installs it for `feature`."""
+    from .extras import require
+
     quiet_legacy_gym()
-    import d3rlpy  # noqa: F401  (configures structlog on import; reconfigure after it)
+    require("d3rlpy", feature)  # configures structlog on import; reconfigure after it
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

@@ -52,6 +52,7 @@ def test_relabel_makes_masks_consistent():
 
 
 def test_collect_load_invariants_and_cql(roots):
+    pytest.importorskip("d3rlpy")  # an extra (`[agents]`): skipped in the core CI venv
     import d3rlpy
     import minari
 

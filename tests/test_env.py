@@ -61,6 +61,7 @@ def test_gymnasium_check_env_wan22_style(tmp_path):
 
 
 def test_sb3_check_env(tmp_path):
+    pytest.importorskip("stable_baselines3")  # an extra (`[sb3]`): skipped in the core CI venv
     from stable_baselines3.common.env_checker import check_env
 
     with warnings.catch_warnings():
@@ -87,6 +88,7 @@ class FeasibilityRecorder(gym.Wrapper):
 
 
 def test_maskable_ppo_only_takes_feasible_actions(tmp_path):
+    pytest.importorskip("sb3_contrib")  # an extra (`[sb3]`): skipped in the core CI venv
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -100,6 +102,7 @@ def test_maskable_ppo_only_takes_feasible_actions(tmp_path):
 
 
 def test_plain_ppo_runs_and_projection_is_flagged(tmp_path):
+    pytest.importorskip("stable_baselines3")  # an extra (`[sb3]`): skipped in the core CI venv
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -260,6 +263,7 @@ def test_real_wan_without_weights_fails_clearly(monkeypatch, tmp_path):
 
 
 def test_lpips_absent_with_warning_then_present_with_seeded_torch_home(tmp_path, monkeypatch):
+    pytest.importorskip("lpips")  # an extra (`[lpips]`): skipped in the core CI venv
     import torchvision
 
     import morca_env.env as env_module

@@ -145,7 +145,7 @@ def test_ray_address_without_ray_and_a_missing_ray_are_clear_errors(tmp_path, mo
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 2 and "--ray-address 'auto' given without --ray" in out.stderr, out.stderr[-2000:]
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as when it is not installed
-    with pytest.raises(ImportError, match=r'needs Ray\. .*pip install -e "\.\[ray\]"'):
+    with pytest.raises(ImportError, match=r"RayExecutor needs ray, which is not installed: pip install 'morca-gym\[ray\]'"):
         executors.RayExecutor()
     with pytest.raises(ValueError, match="ray address='' must be a non-empty string"):
         executors.RayExecutor("")
