@@ -1,0 +1,370 @@
+"""The scoring protocol: one evaluation suite per env, scored at the same K, normalized against shipped references.
+
+    from morca_env import benchmark
+    result = benchmark.evaluate(my_policy, "MorcaTiny-v0")   # any obs -> action callable, sb3 model, d3rlpy algo, ...
+    print(result.table())                                    # per target: PSNR, SSIM, vs best fixed, normalized score
+
+Every method plays the same episodes: the suite's held-out (prompt, seed) pairs at each
+target speedup, in the budget-enforcing env, where a target becomes the same K for every
+method (the env's calibration and per-seed rounding; nothing timed). The normalized score
+is 100 x (PSNR - random feasible) / (best fixed - random feasible), both references
+measured on the same episodes: 0 is a random schedule with K reuses, 100 the best fixed
+schedule, the bar a learned scheduler must clear. The references ship as package data
+(`benchmark_references.json`); `python scripts/benchmark_references.py MorcaTiny-v0` remakes them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+from scipy import stats
+
+from .io import atomic_write_text
+from .observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape
+from .prompts import get_suite
+
+REFERENCES_FILE = "benchmark_references.json"
+REFERENCE_METHODS = ("random", "best-fixed")
+PSNR_CAP = 100.0  # a schedule without reuse matches its reference exactly (infinite PSNR): capped as in evaluation
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What one env is scored on: held-out prompts (each with its fixed seed), the targets and the env's settings."""
+
+    env_id: str
+    prompts: str  # a prompt suite spec (`morca_env.prompts.get_suite`), disjoint from every training prompt
+    targets: tuple[float, ...]
+    env_kwargs: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.env_kwargs)
+
+    def pairs(self) -> list[tuple[str, int]]:
+        return get_suite(self.prompts).pairs()
+
+
+SUITES = {
+    # 40 of the 200 held-out tiny-eval prompts (tiny-train fits every rule, schedule and agent), 3 targets
+    "MorcaTiny-v0": Suite("MorcaTiny-v0", "tiny-eval[::5]", (2.0, 2.5, 3.0), (("lpips", False),),
+                          "MorcaTiny (CPU): 40 held-out prompts x their fixed seeds"),
+    # the random-weights tiny model of the tests: a protocol check in seconds, not a benchmark
+    "MorcaTinyRandom-v0": Suite("MorcaTinyRandom-v0", "tiny-eval[:4]", (2.0, 3.0),
+                                (("lpips", False), ("num_inference_steps", 10)), "tests only: random weights"),
+    # the paper's 200 VBench evaluation prompts and targets (Table 2)
+    "MorcaWan21-v0": Suite("MorcaWan21-v0", "vbench-eval", (2.4, 3.0, 4.0), (),
+                           "Wan2.1 (GPU): the paper's 200 VBench prompts, targets 2.4x / 3.0x / 4.0x"),
+    "MorcaWan22-v0": Suite("MorcaWan22-v0", "vbench-eval", (1.8, 2.4, 3.0), (),
+                           "Wan2.2 (GPU): the paper's 200 VBench prompts, targets 1.8x / 2.4x / 3.0x"),
+}
+
+
+def suite_of(env_id: str) -> Suite:
+    if env_id not in SUITES:
+        raise ValueError(f"no benchmark suite for env_id={env_id!r}; suites: {', '.join(SUITES)}")
+    return SUITES[env_id]
+
+
+# ---- policies: anything that maps an observation to an action -------------------------------------------------
+
+class CallablePolicy:
+    """The scheduler protocol (`reset(obs, info)`, `policy(obs) -> action`) around `fn(obs) -> action`."""
+
+    def __init__(self, fn: Callable, name: str = "callable"):
+        self.fn, self.name = fn, name
+
+    def reset(self, obs, info) -> None:
+        pass
+
+    def __call__(self, obs) -> int:
+        return int(np.asarray(self.fn(obs)).reshape(-1)[0])
+
+
+def _sb3(model) -> CallablePolicy:
+    """A stable-baselines3 model on the Dict observation; MaskablePPO is given the mask."""
+    masked = "action_masks" in inspect.signature(model.predict).parameters
+
+    def act(obs):
+        kwargs = {"action_masks": np.asarray(obs["action_mask"], dtype=bool)} if masked else {}
+        action, _ = model.predict(obs, deterministic=True, **kwargs)
+        return action
+    return CallablePolicy(act, type(model).__name__)
+
+
+def _d3rlpy(algo) -> CallablePolicy:
+    """A d3rlpy algorithm: the flat layout (gymnasium's `spaces.flatten` order, `to_replay_buffer`'s default) or
+    the tuple layout (`observation="tuple"`), read from the algorithm's own observation shape."""
+    shape = algo.impl.observation_shape
+    flat = is_flat_shape(shape)
+
+    def act(obs):
+        batch = {k: np.asarray(v)[None] for k, v in obs.items()}
+        x = as_flat(batch) if flat else [a.astype(np.float32) for a in as_tuple(batch)]
+        return algo.predict(x)
+    return CallablePolicy(act, type(algo).__name__)
+
+
+def _torch_module(module) -> CallablePolicy:
+    """A torch module from the flat observation (1, D) to two action logits or values; infeasible ones masked."""
+    import torch
+
+    def act(obs):
+        x = torch.as_tensor(as_flat({k: np.asarray(v)[None] for k, v in obs.items()}))
+        with torch.no_grad():
+            scores = module(x).reshape(-1).float().numpy()
+        mask = x[0, FLAT_MASK].numpy() > 0
+        return int(np.argmax(np.where(mask, scores, -np.inf)))
+    return CallablePolicy(act, type(module).__name__)
+
+
+def as_policy(agent) -> Any:
+    """A scheduler for `agent`: a scheduler already (it has `reset`), a stable-baselines3 model, a d3rlpy
+    algorithm, a torch module (flat observation -> 2 scores) or any callable obs -> action."""
+    if hasattr(agent, "reset") and callable(agent):
+        return agent
+    if hasattr(agent, "predict") and hasattr(agent, "policy") and hasattr(agent, "observation_space"):
+        return _sb3(agent)
+    if hasattr(agent, "predict") and hasattr(agent, "impl"):
+        if agent.impl is None:
+            raise ValueError("the d3rlpy algorithm is not built yet: fit it (or build_with_env / build_with_dataset) first")
+        return _d3rlpy(agent)
+    try:
+        import torch
+        if isinstance(agent, torch.nn.Module):
+            return _torch_module(agent)
+    except ImportError:  # pragma: no cover (torch is a core dependency)
+        pass
+    if callable(agent):
+        return CallablePolicy(agent, getattr(agent, "__name__", type(agent).__name__))
+    raise TypeError(f"cannot score {type(agent).__name__}: pass a callable obs -> action, a scheduler, "
+                    "a stable-baselines3 model, a d3rlpy algorithm or a torch module")
+
+
+# ---- scores -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TargetScore:
+    target: float
+    episodes: int
+    mean_k: float
+    psnr: float
+    ssim: float
+    projected_per_episode: float  # actions the env changed to keep the budget feasible
+    vs_best_fixed: float | None = None  # mean paired PSNR difference (dB), same episodes
+    vs_best_fixed_ci: tuple[float, float] | None = None  # its 95% t interval
+    normalized: float | None = None  # 100 x (PSNR - random) / (best fixed - random)
+
+
+@dataclass
+class BenchmarkResult:
+    env_id: str
+    suite: str
+    method: str
+    rows: list[dict]
+    scores: dict[float, TargetScore] = field(default_factory=dict)
+
+    @property
+    def mean_normalized(self) -> float | None:
+        values = [s.normalized for s in self.scores.values()]
+        return None if any(v is None for v in values) else float(np.mean(values))
+
+    def table(self) -> str:
+        """The per-target scores as a Markdown table."""
+        lines = [f"{self.method} on {self.env_id} ({self.suite})", "",
+                 "| target | K | PSNR | SSIM | vs best fixed (dB, 95% CI) | normalized |", "|---|---|---|---|---|---|"]
+        for s in self.scores.values():
+            diff = "-" if s.vs_best_fixed is None else (f"{s.vs_best_fixed:+.2f} [{s.vs_best_fixed_ci[0]:+.2f}, "
+                                                        f"{s.vs_best_fixed_ci[1]:+.2f}]")
+            norm = "-" if s.normalized is None else f"{s.normalized:.1f}"
+            lines.append(f"| {s.target:g}x | {s.mean_k:.1f} | {s.psnr:.2f} | {s.ssim:.4f} | {diff} | {norm} |")
+        return "\n".join(lines)
+
+
+def normalized_score(psnr: float, random_psnr: float, best_fixed_psnr: float) -> float:
+    """100 x (psnr - random) / (best fixed - random): 0 = a random feasible schedule, 100 = the best fixed one."""
+    gap = best_fixed_psnr - random_psnr
+    if not gap > 0:
+        raise ValueError(f"best fixed ({best_fixed_psnr:.3f} dB) must beat random ({random_psnr:.3f} dB) to normalize")
+    return 100.0 * (psnr - random_psnr) / gap
+
+
+def _paired_interval(diffs: np.ndarray) -> tuple[float, float]:
+    if len(diffs) < 2 or np.all(diffs == diffs[0]):
+        return float(diffs.mean()), float(diffs.mean())
+    low, high = stats.t.interval(0.95, len(diffs) - 1, loc=diffs.mean(), scale=stats.sem(diffs))
+    return float(low), float(high)
+
+
+def score(rows: list[dict], references: dict | None) -> dict[float, TargetScore]:
+    """Per-target scores of one method's episode rows; with references (the same suite), paired to them."""
+    out = {}
+    for target in sorted({r["target"] for r in rows}):
+        sel = sorted((r for r in rows if r["target"] == target), key=lambda r: r["index"])
+        psnr = np.array([r["psnr"] for r in sel])
+        base = dict(target=target, episodes=len(sel), mean_k=float(np.mean([r["k"] for r in sel])),
+                    psnr=float(psnr.mean()), ssim=float(np.mean([r["ssim"] for r in sel])),
+                    projected_per_episode=float(np.mean([r["projected"] for r in sel])))
+        ref = None if references is None else references["targets"].get(_key(target))
+        if ref is not None:
+            indices = [r["index"] for r in sel]
+            best = np.array(ref["best-fixed"]["psnr"])[indices]
+            rand = np.array(ref["random"]["psnr"])[indices]
+            diffs = psnr - best
+            base.update(vs_best_fixed=float(diffs.mean()), vs_best_fixed_ci=_paired_interval(diffs),
+                        normalized=normalized_score(float(psnr.mean()), float(rand.mean()), float(best.mean())))
+        out[target] = TargetScore(**base)
+    return out
+
+
+# ---- running the suite ------------------------------------------------------------------------------------------
+
+def _key(target: float) -> str:
+    return f"{float(target):g}"
+
+
+def make_env(env_id: str, suite: Suite | None = None, **env_kwargs):
+    """The budget-enforcing env the suite is played in (its prompts, its settings; `env_kwargs` add to them)."""
+    suite = suite or suite_of(env_id)
+    return gym.make(env_id, speedup=suite.targets[0], prompts=suite.prompts, **{**suite.kwargs, **env_kwargs})
+
+
+def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None) -> list[dict]:
+    """One row per (target, pair) of `suite`: the episode's K, PSNR, SSIM and projected actions."""
+    from tqdm.auto import tqdm
+
+    from .rollout import rollout
+
+    if not getattr(env.unwrapped, "enforce_budget", True):
+        raise ValueError("the benchmark scores in the budget-enforcing env (enforce_budget=True): every method "
+                         "runs with exactly the target's K")
+    targets = tuple(suite.targets if targets is None else targets)
+    pairs = suite.pairs()
+    rows = []
+    with tqdm(total=len(targets) * len(pairs), desc=f"benchmark {suite.env_id}", disable=not progress,
+              unit="episode") as bar:
+        for target in targets:
+            ref = None if references is None else references["targets"].get(_key(target))
+            for index, (prompt, seed) in enumerate(pairs):
+                trajectory = rollout(env, policy, options={"prompt": prompt, "seed": seed, "speedup": float(target)})
+                info = trajectory.info
+                row = {"target": float(target), "index": index, "prompt": prompt, "seed": int(seed),
+                       "k": int(info["budget"]), "psnr": float(min(info["psnr"], PSNR_CAP)),
+                       "ssim": float(info["ssim"]), "projected": int(info["num_projected"]),
+                       "schedule": [int(a) for a in info["schedule"]]}
+                if ref is not None and ref["k"][index] != row["k"]:
+                    raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
+                                       f"pair {index}; this env gives K={row['k']} (another calibration or step "
+                                       f"count): remake them with scripts/benchmark_references.py {suite.env_id}")
+                rows.append(row)
+                bar.update()
+    return rows
+
+
+def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, references: dict | str | None = "packaged",
+             progress: bool = True, name: str | None = None) -> BenchmarkResult:
+    """Score `policy` (anything `as_policy` takes) on `env_id`'s suite; see the module docstring.
+
+    `env`: an already built env for the suite (`make_env(env_id)`), to share one across methods. `targets`: a
+    subset of the suite's. `references`: "packaged" (the shipped ones; scores without them if this env has none),
+    a dict from `measure_references`, a path to such a JSON file, or None (PSNR and SSIM only).
+    """
+    suite = suite_of(env_id)
+    if targets is not None:
+        unknown = [t for t in targets if _key(t) not in {_key(s) for s in suite.targets}]
+        if unknown:
+            raise ValueError(f"targets {unknown} are not in the {env_id} suite's {list(suite.targets)}")
+    refs = load_references(env_id, references)
+    scheduler = as_policy(policy)
+    own_env = env is None
+    env = make_env(env_id, suite) if own_env else env
+    try:
+        rows = play(scheduler, env, suite, targets, progress, refs)
+    finally:
+        if own_env:
+            env.close()
+    label = name or getattr(scheduler, "name", None) or type(scheduler).__name__
+    return BenchmarkResult(env_id, suite.prompts, label, rows, score(rows, refs))
+
+
+# ---- references -------------------------------------------------------------------------------------------------
+
+def measure_references(env_id: str = "MorcaTiny-v0", *, env=None, progress: bool = True, seed: int = 0,
+                       best_fixed=None) -> dict:
+    """Play the random feasible policy (seeded) and the best fixed schedule (the packaged `best-fixed`, or
+    `best_fixed`) on the whole suite: the 0 and 100 of the normalized score, per target and per episode."""
+    from . import policies
+
+    suite = suite_of(env_id)
+    own_env = env is None
+    env = make_env(env_id, suite) if own_env else env
+    try:
+        schedulers = {"random": policies.make("random", env, seed=seed),
+                      "best-fixed": best_fixed if best_fixed is not None else policies.make("best-fixed", env)}
+        played = {m: play(schedulers[m], env, suite, progress=progress) for m in REFERENCE_METHODS}
+    finally:
+        if own_env:
+            env.close()
+    targets = {}
+    for target in suite.targets:
+        by = {m: [r for r in rows if r["target"] == target] for m, rows in played.items()}
+        targets[_key(target)] = {"k": [r["k"] for r in by["best-fixed"]],
+                                 **{m: {"psnr": [r["psnr"] for r in by[m]], "ssim": [r["ssim"] for r in by[m]],
+                                        "mean_psnr": float(np.mean([r["psnr"] for r in by[m]]))}
+                                    for m in REFERENCE_METHODS}}
+    return {"env_id": env_id, "suite": suite.prompts, "env_kwargs": suite.kwargs, "random_seed": seed,
+            "num_pairs": len(suite.pairs()), "targets": targets,
+            "command": f"python scripts/benchmark_references.py {env_id}"}
+
+
+def _packaged_path() -> Path:
+    return Path(str(resources.files("morca_env") / "data_files" / REFERENCES_FILE))
+
+
+def packaged_references() -> dict:
+    """The shipped references: env id -> `measure_references`' dict."""
+    path = _packaged_path()
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load_references(env_id: str, references: dict | str | Path | None = "packaged") -> dict | None:
+    if references is None:
+        return None
+    if isinstance(references, str) and references == "packaged":
+        refs = packaged_references().get(env_id)
+        if refs is None:
+            return None
+    elif isinstance(references, dict):
+        refs = references
+    else:
+        refs = json.loads(Path(references).read_text())
+        refs = refs.get(env_id, refs) if "targets" not in refs else refs
+    suite = suite_of(env_id)
+    if refs.get("env_id") != env_id or refs.get("suite") != suite.prompts or refs.get("env_kwargs", {}) != suite.kwargs:
+        raise ValueError(f"these references are for {refs.get('env_id')!r} on {refs.get('suite')!r} "
+                         f"({refs.get('env_kwargs')}); the {env_id} suite is {suite.prompts!r} ({suite.kwargs})")
+    return refs
+
+
+def reference_scores(env_id: str, target: float) -> tuple[float, float] | None:
+    """(random feasible, best fixed) mean PSNR at `target` from the shipped references, or None."""
+    refs = packaged_references().get(env_id)
+    entry = None if refs is None else refs["targets"].get(_key(target))
+    return None if entry is None else (entry["random"]["mean_psnr"], entry["best-fixed"]["mean_psnr"])
+
+
+def save_references(refs: dict, path: Path | None = None) -> Path:
+    """Merge one env's references into the JSON file at `path` (the packaged one by default), atomically."""
+    path = Path(path) if path is not None else _packaged_path()
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[refs["env_id"]] = refs
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    return path

@@ -1,0 +1,118 @@
+"""The scoring protocol: same K for every method, paired to shipped references, normalized 0 (random) .. 100 (best fixed)."""
+
+import copy
+
+import gymnasium as gym
+
+import numpy as np
+import pytest
+import torch
+
+import morca_env  # noqa: F401
+from morca_env import benchmark, policies
+from morca_env.prompts import get_suite
+
+TEST_ENV = "MorcaTinyRandom-v0"  # the protocol check's suite: 4 pairs x 2 targets at 10 steps
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    env = benchmark.make_env(TEST_ENV, reference_cache_dir=str(tmp_path_factory.mktemp("refs")))
+    refs = benchmark.measure_references(TEST_ENV, env=env, best_fixed=policies.make("uniform", env), progress=False)
+    yield env, refs
+    env.close()
+
+
+def test_the_references_score_0_and_100_and_every_method_plays_their_k(setup):
+    env, refs = setup
+    random_again = benchmark.evaluate(policies.make("random", env, seed=0), TEST_ENV, env=env, references=refs,
+                                      progress=False)
+    uniform = benchmark.evaluate(policies.make("uniform", env), TEST_ENV, env=env, references=refs, progress=False)
+    for target, entry in refs["targets"].items():
+        assert entry["random"]["mean_psnr"] < entry["best-fixed"]["mean_psnr"]
+    for s in random_again.scores.values():
+        assert s.normalized == pytest.approx(0.0, abs=1e-9)
+    for s in uniform.scores.values():
+        assert s.normalized == pytest.approx(100.0) and s.vs_best_fixed == pytest.approx(0.0)
+        assert s.vs_best_fixed_ci == (pytest.approx(0.0), pytest.approx(0.0)) and s.episodes == 4
+    greedy = benchmark.evaluate(lambda obs: 1, TEST_ENV, env=env, references=refs, progress=False, name="greedy")
+    for method in (random_again, uniform, greedy):
+        ks = {t: [r["k"] for r in method.rows if r["target"] == t] for t in (2.0, 3.0)}
+        assert ks == {t: refs["targets"][f"{t:g}"]["k"] for t in (2.0, 3.0)}  # the same K, episode by episode
+        assert all(sum(r["schedule"]) == r["k"] for r in method.rows)
+    by_target = {t: [r for r in greedy.rows if r["target"] == t] for t in (2.0, 3.0)}
+    for target, s in greedy.scores.items():
+        best = np.array(refs["targets"][f"{target:g}"]["best-fixed"]["psnr"])
+        diffs = np.array([r["psnr"] for r in by_target[target]]) - best
+        assert s.vs_best_fixed == pytest.approx(diffs.mean())
+        assert s.vs_best_fixed_ci[0] < s.vs_best_fixed < s.vs_best_fixed_ci[1]
+        rand = refs["targets"][f"{target:g}"]["random"]["mean_psnr"]
+        assert s.normalized == pytest.approx(100 * (s.psnr - rand) / (best.mean() - rand))
+    assert "| 2x |" in greedy.table() and "greedy on MorcaTinyRandom-v0" in greedy.table()
+
+
+def test_stale_references_and_an_unbounded_env_are_refused(setup, tmp_path):
+    env, refs = setup
+    stale = copy.deepcopy(refs)
+    stale["targets"]["3"]["k"][1] += 1
+    with pytest.raises(RuntimeError, match=r"measured at K=\d+ for target 3, pair 1; this env gives K=\d+"):
+        benchmark.evaluate(policies.make("uniform", env), TEST_ENV, env=env, references=stale, progress=False)
+    other_suite = {**refs, "suite": "tiny-eval[:5]"}
+    with pytest.raises(ValueError, match=r"references are for 'MorcaTinyRandom-v0' on 'tiny-eval\[:5\]'"):
+        benchmark.evaluate(lambda obs: 0, TEST_ENV, env=env, references=other_suite, progress=False)
+    free = benchmark.make_env(TEST_ENV, enforce_budget=False, pipeline=env.unwrapped.pipe,
+                              reference_cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="budget-enforcing env"):
+        benchmark.evaluate(lambda obs: 0, TEST_ENV, env=free, references=None, progress=False)
+    with pytest.raises(ValueError, match=r"no benchmark suite for env_id='CartPole-v1'; suites: MorcaTiny-v0"):
+        benchmark.evaluate(lambda obs: 0, "CartPole-v1")
+    with pytest.raises(ValueError, match=r"targets \[4.0\] are not in the MorcaTinyRandom-v0 suite's \[2.0, 3.0\]"):
+        benchmark.evaluate(lambda obs: 0, TEST_ENV, env=env, targets=(4.0,))
+    with pytest.raises(TypeError, match="cannot score int"):
+        benchmark.as_policy(3)
+
+
+def test_a_torch_module_is_scored_on_the_flat_observation_with_the_mask(setup):
+    env, _ = setup
+    seen = []
+
+    class Prefers(torch.nn.Module):  # always scores reuse higher: the mask must turn it into recomputes
+        def forward(self, x):
+            seen.append(x.shape)
+            return torch.tensor([[0.0, 1.0]]).expand(len(x), 2)
+
+    result = benchmark.evaluate(Prefers(), TEST_ENV, env=env, targets=(2.0,), references=None, progress=False)
+    assert seen[0] == (1, gym.spaces.flatdim(env.observation_space))  # one flat observation per call
+    assert all(r["projected"] == 0 for r in result.rows)  # masked argmax: never an infeasible action
+    assert result.scores[2.0].normalized is None and result.mean_normalized is None
+
+
+def test_the_shipped_tiny_references_match_the_suite_and_the_env_calibration():
+    suite = benchmark.suite_of("MorcaTiny-v0")
+    refs = benchmark.load_references("MorcaTiny-v0")  # raises if they were made on another suite
+    assert refs is not None and set(refs["targets"]) == {f"{t:g}" for t in suite.targets}
+    train = set(get_suite("tiny-train").prompts)
+    assert not train & {p for p, _ in suite.pairs()}  # held out from every training and fitting prompt
+    env = benchmark.make_env("MorcaTiny-v0")
+    for target in suite.targets:
+        entry = refs["targets"][f"{target:g}"]
+        assert len(entry["k"]) == len(suite.pairs()) == 40
+        assert entry["k"] == [env.unwrapped.budget_for_speedup(target, seed) for _, seed in suite.pairs()]
+        assert entry["random"]["mean_psnr"] + 2.0 < entry["best-fixed"]["mean_psnr"]
+        assert benchmark.reference_scores("MorcaTiny-v0", target) == (entry["random"]["mean_psnr"],
+                                                                      entry["best-fixed"]["mean_psnr"])
+    env.close()
+
+
+def test_the_shipped_references_replay(tmp_path):
+    """Two of the shipped episodes, played again here: the same PSNR (the references are what the env gives)."""
+    refs = benchmark.load_references("MorcaTiny-v0")
+    env = benchmark.make_env("MorcaTiny-v0", reference_cache_dir=str(tmp_path))
+    suite = benchmark.suite_of("MorcaTiny-v0")
+    rows = benchmark.play(policies.make("best-fixed", env), env, benchmark.Suite(
+        suite.env_id, "tiny-eval[5:6]", (3.0,), suite.env_kwargs), progress=False)
+    assert rows[0]["psnr"] == pytest.approx(refs["targets"]["3"]["best-fixed"]["psnr"][1], abs=0.05)
+    rows = benchmark.play(policies.make("random", env, seed=0), env, benchmark.Suite(
+        suite.env_id, "tiny-eval[0:1]", (2.0,), suite.env_kwargs), progress=False)
+    assert rows[0]["psnr"] == pytest.approx(refs["targets"]["2"]["random"]["psnr"][0], abs=0.05)
+    env.close()
