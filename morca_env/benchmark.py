@@ -44,6 +44,7 @@ class Suite:
     targets: tuple[float, ...]
     env_kwargs: tuple[tuple[str, Any], ...] = ()
     note: str = ""
+    train_prompts: str = "tiny-train"  # where an agent may train and tune (disjoint from `prompts`)
 
     @property
     def kwargs(self) -> dict:
@@ -62,9 +63,9 @@ SUITES = {
                                 (("lpips", False), ("num_inference_steps", 10)), "tests only: random weights"),
     # the paper's 200 VBench evaluation prompts and targets (Table 2)
     "MorcaWan21-v0": Suite("MorcaWan21-v0", "vbench-eval", (2.4, 3.0, 4.0), (),
-                           "Wan2.1 (GPU): the paper's 200 VBench prompts, targets 2.4x / 3.0x / 4.0x"),
+                           "Wan2.1 (GPU): the paper's 200 VBench prompts, targets 2.4x / 3.0x / 4.0x", "vbench-train"),
     "MorcaWan22-v0": Suite("MorcaWan22-v0", "vbench-eval", (1.8, 2.4, 3.0), (),
-                           "Wan2.2 (GPU): the paper's 200 VBench prompts, targets 1.8x / 2.4x / 3.0x"),
+                           "Wan2.2 (GPU): the paper's 200 VBench prompts, targets 1.8x / 2.4x / 3.0x", "vbench-train"),
 }
 
 
@@ -237,6 +238,14 @@ def make_env(env_id: str, suite: Suite | None = None, **env_kwargs):
     return gym.make(env_id, speedup=suite.targets[0], prompts=suite.prompts, **{**suite.kwargs, **env_kwargs})
 
 
+def training_env(env_id: str, **env_kwargs):
+    """An env to train on for `env_id`'s suite: its training prompts, target speedups drawn across the suite's
+    targets, the suite's settings (`env_kwargs` add to them)."""
+    suite = suite_of(env_id)
+    return gym.make(env_id, **{"speedup": (min(suite.targets), max(suite.targets)), "prompts": suite.train_prompts,
+                               **suite.kwargs, **env_kwargs})
+
+
 def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None) -> list[dict]:
     """One row per (target, pair) of `suite`: the episode's K, PSNR, SSIM and projected actions."""
     from tqdm.auto import tqdm
@@ -359,6 +368,28 @@ def reference_scores(env_id: str, target: float) -> tuple[float, float] | None:
     refs = packaged_references().get(env_id)
     entry = None if refs is None else refs["targets"].get(_key(target))
     return None if entry is None else (entry["random"]["mean_psnr"], entry["best-fixed"]["mean_psnr"])
+
+
+# env arguments that do not change what an episode at a target gives (the suite fixes prompts per episode)
+_NEUTRAL_KWARGS = ("speedup", "prompts", "lpips", "reference_cache_dir", "pipeline", "device")
+
+
+def reference_returns(env_id: str, env_kwargs: dict, r_max: float) -> tuple[float, float] | None:
+    """Minari's (ref_min_score, ref_max_score) for a dataset collected with `env_kwargs`: the mean return
+    (min(PSNR, r_max)) of the random feasible policy and of the best fixed schedule at its one target speedup,
+    from the shipped references; None when they do not apply (a speedup range, a budget, other settings)."""
+    suite = SUITES.get(env_id)
+    refs = packaged_references().get(env_id)
+    speedup = env_kwargs.get("speedup")
+    if suite is None or refs is None or isinstance(speedup, bool) or not isinstance(speedup, (int, float)):
+        return None
+    own = {k: v for k, v in env_kwargs.items() if k not in _NEUTRAL_KWARGS}
+    if own != {k: v for k, v in suite.kwargs.items() if k not in _NEUTRAL_KWARGS}:
+        return None
+    entry = refs["targets"].get(_key(speedup))
+    if entry is None:
+        return None
+    return tuple(float(np.mean(np.minimum(entry[m]["psnr"], r_max))) for m in REFERENCE_METHODS)
 
 
 def save_references(refs: dict, path: Path | None = None) -> Path:

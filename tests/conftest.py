@@ -18,6 +18,12 @@ CORE_MODULES = {
 }
 
 
+if os.environ.get("MORCA_CORE_ONLY") == "1":  # the core venv: the other modules import extras at the top
+    from pathlib import Path
+
+    collect_ignore = [p.name for p in Path(__file__).parent.glob("test_*.py") if p.stem not in CORE_MODULES]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rpartition(".")[2] in CORE_MODULES:

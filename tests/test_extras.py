@@ -26,6 +26,18 @@ def test_the_full_venv_has_every_extra():
     assert not missing, f"not installed: {missing} (make test installs .[all,dev])"
 
 
+@pytest.mark.skipif(not CORE_ONLY, reason="torchrl and tianshou need gymnasium >= 1.1: the core venv has them")
+def test_the_core_venv_has_torchrl_and_tianshou_and_no_extra():
+    import gymnasium
+    import tianshou  # noqa: F401
+    import torchrl  # noqa: F401
+
+    assert tuple(int(x) for x in gymnasium.__version__.split(".")[:2]) >= (1, 1)
+    for module in ("d3rlpy", "stable_baselines3", "lpips"):
+        with pytest.raises(ImportError):
+            __import__(module)
+
+
 def test_require_names_the_extra():
     with pytest.raises(MissingExtra, match=r"to_replay_buffer needs d3rlpy, which is not installed: "
                                            r"pip install 'morca-gym\[agents\]'"):

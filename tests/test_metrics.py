@@ -96,6 +96,7 @@ def test_video_metrics_reports_lpips_only_with_a_model():
 
 
 def test_lpips_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
+    pytest.importorskip("lpips")  # an extra (`[lpips]`): skipped in the core CI venv
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     with pytest.raises(metrics.LpipsUnavailable, match="alexnet-owt-7be5be79.pth"):
