@@ -25,6 +25,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -456,6 +457,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     probe = gym.make(env_spec, **({} if "reference_cache_dir" not in recipe.env_kwargs else
                                   {"reference_cache_dir": recipe.env_kwargs["reference_cache_dir"]}))
     observation_space, action_space = probe.observation_space, probe.action_space  # the dataset's dtypes
+    r_max = probe.unwrapped.r_max
     probe.close()
 
     buffers = []
@@ -474,7 +476,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(build_root)
     try:
-        _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root)
+        _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root, r_max)
     except BaseException:
         shutil.rmtree(build_root, ignore_errors=True)
         raise
@@ -502,19 +504,42 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     return minari.load_dataset(recipe.dataset_id)
 
 
-def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root: Path) -> None:
-    """The Minari dataset in `build_root` (MINARI_DATASETS_PATH points there), with our recipe in its metadata."""
+def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root: Path,
+                    r_max: float) -> None:
+    """The Minari dataset in `build_root` (MINARI_DATASETS_PATH points there), with our recipe in its metadata, its
+    card as the description and, collected at one benchmark target, the reference scores."""
     import minari
 
+    from .benchmark import reference_returns
+
+    refs = reference_returns(recipe.env_id, recipe.env_kwargs, r_max)
     minari.create_dataset_from_buffers(
         dataset_id=recipe.dataset_id, buffer=buffers, env=env_spec, eval_env=eval_spec,
         algorithm_name=recipe.algorithm_name, author=recipe.author, code_permalink=recipe.code_permalink,
         observation_space=observation_space, action_space=action_space,
-        description=(recipe.description or f"{recipe.num_episodes} {recipe.env_id} episodes") +
-        f"\n\nrecipe: {json.dumps(recipe.__dict__, sort_keys=True)}",
+        description=dataset_card(recipe, [b.options for b in buffers], refs),
+        ref_min_score=None if refs is None else refs[0], ref_max_score=None if refs is None else refs[1],
         data_format="hdf5", jpeg_encoding=False, requirements=None)
     _add_metadata(build_root / recipe.dataset_id, {"morca_recipe": json.dumps(recipe.__dict__, sort_keys=True),
                                                    "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True)})
+
+
+def dataset_card(recipe: CollectionRecipe, metas: list[dict], refs: tuple[float, float] | None) -> str:
+    """What `minari show` prints: the recipe, the behaviour, the env arguments, the K histogram, the mean PSNR and
+    the reference scores `minari.get_normalized_score` uses."""
+    ks = Counter(int(m["budget"]) for m in metas)
+    psnr = np.array([m["psnr"] for m in metas], dtype=float)
+    lines = [recipe.description or f"{recipe.num_episodes} {recipe.env_id} episodes",
+             "", f"behaviour: {json.dumps(recipe.behavior, sort_keys=True)} (seed {recipe.seed})",
+             f"env: {recipe.env_id} {json.dumps(recipe.env_kwargs, sort_keys=True)}; observations' features in "
+             f"{recipe.feature_dtype}; K relabelled to each episode's realised reuses",
+             f"K histogram (K: episodes): {', '.join(f'{k}: {n}' for k, n in sorted(ks.items()))}",
+             f"PSNR: mean {psnr.mean():.2f} dB (min {psnr.min():.2f}, max {psnr.max():.2f}) over {len(psnr)} episodes",
+             ("reference scores (morca_env.benchmark, same target): random feasible "
+              f"{refs[0]:.2f}, best fixed {refs[1]:.2f} (minari.get_normalized_score: 0 and 1)") if refs else
+             "reference scores: none (collected over a speedup range or settings without shipped references)",
+             "", f"recipe: {json.dumps(recipe.__dict__, sort_keys=True)}"]
+    return "\n".join(lines)
 
 
 def _add_metadata(dataset_dir: Path, extra: dict) -> None:

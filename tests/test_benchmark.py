@@ -116,3 +116,14 @@ def test_the_shipped_references_replay(tmp_path):
         suite.env_id, "tiny-eval[0:1]", (2.0,), suite.env_kwargs), progress=False)
     assert rows[0]["psnr"] == pytest.approx(refs["targets"]["2"]["random"]["psnr"][0], abs=0.05)
     env.close()
+
+
+def test_datasets_at_a_shipped_target_get_minaris_reference_scores():
+    refs = benchmark.load_references("MorcaTiny-v0")
+    low, high = benchmark.reference_returns("MorcaTiny-v0", {"speedup": 2.5, "prompts": "tiny-train", "lpips": False},
+                                            r_max=50.0)
+    assert low == pytest.approx(np.mean(np.minimum(refs["targets"]["2.5"]["random"]["psnr"], 50.0))) and low < high
+    assert benchmark.reference_returns("MorcaTiny-v0", {"speedup": 2.5}, r_max=20.0)[1] <= 20.0  # returns, capped
+    for kwargs in ({"speedup": [2.0, 3.0]}, {"speedup": 2.2}, {"budget": 30}, {"speedup": 2.5, "num_inference_steps": 20}):
+        assert benchmark.reference_returns("MorcaTiny-v0", kwargs, r_max=50.0) is None, kwargs
+    assert benchmark.reference_returns("MorcaWan21-v0", {"speedup": 3.0}, r_max=40.0) is None  # none measured

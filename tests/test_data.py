@@ -182,3 +182,34 @@ def test_sigkill_then_resume_gives_exact_episodes_without_duplicates(roots):
         assert a.observations.keys() == b.observations.keys()
         for key in a.observations:
             assert np.array_equal(a.observations[key], b.observations[key]), (a.id, key)
+
+
+def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, monkeypatch):
+    """minari.get_normalized_score works (0 = random feasible, 1 = best fixed, at the dataset's K) and `minari show`
+    prints the card (recipe, behaviour, env kwargs, K histogram, mean PSNR)."""
+    import minari
+
+    from morca_env import benchmark, policies
+
+    suite = benchmark.suite_of("MorcaTinyRandom-v0")
+    env = benchmark.make_env("MorcaTinyRandom-v0")
+    refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=policies.make("uniform", env),
+                                        progress=False)
+    env.close()
+    monkeypatch.setattr(benchmark, "packaged_references", lambda: {"MorcaTinyRandom-v0": refs})
+    kwargs = {**suite.kwargs, "speedup": 3.0, "prompts": suite.train_prompts}
+    ds = collect_dataset("test/tiny/refs-v0", "MorcaTinyRandom-v0", 3, env_kwargs=kwargs, behavior="random",
+                         progress=False)
+    low, high = (float(np.mean(np.minimum(refs["targets"]["3"][m]["psnr"], 50.0))) for m in ("random", "best-fixed"))
+    assert minari.get_normalized_score(ds, np.array([low, high])) == pytest.approx([0.0, 1.0])
+    card = ds.storage.metadata["description"]
+    ks = sorted(int(m["budget"]) for m in episode_options(ds))
+    assert f"K histogram (K: episodes): {ks[0]}: " in card and '"name": "random"' in card and '"speedup": 3.0' in card
+    assert f"PSNR: mean {np.mean([m['psnr'] for m in episode_options(ds)]):.2f} dB" in card
+    shown = subprocess.run([str(Path(sys.executable).with_name("minari")), "show", "test/tiny/refs-v0"], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert shown.returncode == 0 and "K histogram" in shown.stdout, shown.stdout[-2000:] + shown.stderr[-2000:]
+    ranged = collect_dataset("test/tiny/range-v0", "MorcaTinyRandom-v0", 2, behavior="random", progress=False,
+                             env_kwargs={**kwargs, "speedup": [2.0, 3.0]})
+    assert ranged.storage.metadata.get("ref_min_score") is None  # a range has no one reference
+    assert "reference scores: none" in ranged.storage.metadata["description"]
