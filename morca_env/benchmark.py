@@ -246,8 +246,10 @@ def training_env(env_id: str, **env_kwargs):
                                **suite.kwargs, **env_kwargs})
 
 
-def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None) -> list[dict]:
-    """One row per (target, pair) of `suite`: the episode's K, PSNR, SSIM and projected actions."""
+def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None,
+         pair_step: int = 1) -> list[dict]:
+    """One row per (target, pair) of `suite` (every `pair_step`-th pair): the episode's K, PSNR, SSIM and projected
+    actions; rows keep the pair's index in the suite, so scores pair with the references episode by episode."""
     from tqdm.auto import tqdm
 
     from .rollout import rollout
@@ -256,13 +258,15 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
         raise ValueError("the benchmark scores in the budget-enforcing env (enforce_budget=True): every method "
                          "runs with exactly the target's K")
     targets = tuple(suite.targets if targets is None else targets)
-    pairs = suite.pairs()
+    if isinstance(pair_step, bool) or not isinstance(pair_step, int) or pair_step < 1:
+        raise ValueError(f"pair_step={pair_step!r} must be an integer >= 1 (1: every pair of the suite)")
+    pairs = list(enumerate(suite.pairs()))[::pair_step]
     rows = []
     with tqdm(total=len(targets) * len(pairs), desc=f"benchmark {suite.env_id}", disable=not progress,
               unit="episode") as bar:
         for target in targets:
             ref = None if references is None else references["targets"].get(_key(target))
-            for index, (prompt, seed) in enumerate(pairs):
+            for index, (prompt, seed) in pairs:
                 trajectory = rollout(env, policy, options={"prompt": prompt, "seed": seed, "speedup": float(target)})
                 info = trajectory.info
                 row = {"target": float(target), "index": index, "prompt": prompt, "seed": int(seed),
@@ -279,12 +283,13 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
 
 
 def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, references: dict | str | None = "packaged",
-             progress: bool = True, name: str | None = None) -> BenchmarkResult:
+             progress: bool = True, name: str | None = None, pair_step: int = 1) -> BenchmarkResult:
     """Score `policy` (anything `as_policy` takes) on `env_id`'s suite; see the module docstring.
 
     `env`: an already built env for the suite (`make_env(env_id)`), to share one across methods. `targets`: a
     subset of the suite's. `references`: "packaged" (the shipped ones; scores without them if this env has none),
-    a dict from `measure_references`, a path to such a JSON file, or None (PSNR and SSIM only).
+    a dict from `measure_references`, a path to such a JSON file, or None (PSNR and SSIM only). `pair_step`: score
+    on every n-th pair only (a cheaper estimate, still paired with the references; report it).
     """
     suite = suite_of(env_id)
     if targets is not None:
@@ -296,7 +301,7 @@ def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, re
     own_env = env is None
     env = make_env(env_id, suite) if own_env else env
     try:
-        rows = play(scheduler, env, suite, targets, progress, refs)
+        rows = play(scheduler, env, suite, targets, progress, refs, pair_step)
     finally:
         if own_env:
             env.close()

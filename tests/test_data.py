@@ -202,7 +202,14 @@ def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, mo
                          progress=False)
     low, high = (float(np.mean(np.minimum(refs["targets"]["3"][m]["psnr"], 50.0))) for m in ("random", "best-fixed"))
     assert minari.get_normalized_score(ds, np.array([low, high])) == pytest.approx([0.0, 1.0])
-    card = ds.storage.metadata["description"]
+    metadata = ds.storage.metadata  # what a Minari remote lists (minari upload sends the directory as it is)
+    for key in ("dataset_id", "minari_version", "total_episodes", "total_steps", "env_spec", "eval_env_spec",
+                "observation_space", "action_space", "author", "algorithm_name", "code_permalink", "description",
+                "dataset_size", "ref_min_score", "ref_max_score"):
+        assert metadata.get(key) not in (None, ""), key
+    on_disk = json.loads((Path(os.environ["MINARI_DATASETS_PATH"]) / "test/tiny/refs-v0/data/metadata.json").read_text())
+    assert on_disk["ref_min_score"] == metadata["ref_min_score"] and on_disk["description"] == metadata["description"]
+    card = metadata["description"]
     ks = sorted(int(m["budget"]) for m in episode_options(ds))
     assert f"K histogram (K: episodes): {ks[0]}: " in card and '"name": "random"' in card and '"speedup": 3.0' in card
     assert f"PSNR: mean {np.mean([m['psnr'] for m in episode_options(ds)]):.2f} dB" in card

@@ -1,0 +1,95 @@
+"""The leaderboard page from finished runs: rliable's IQM and 95% stratified-bootstrap CIs, a performance profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+REPS = 2000  # bootstrap resamples (rliable's examples use 50000; 2000 keeps the page a few seconds to remake)
+
+
+def by_method(results: list[dict], seeds: int) -> dict[str, list[dict]]:
+    """Complete methods only (every seed of a learned one finished), keyed 'method (dataset)'."""
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        label = r["method"] if r["dataset"] == "-" else f"{r['method']} on {r['dataset']}"
+        groups.setdefault(label, []).append(r)
+    needed = {label: (seeds if g[0]["family"] != "rule" or g[0]["rule"] == "random" else 1) for label, g in groups.items()}
+    return {label: g for label, g in groups.items() if len(g) >= needed[label]}
+
+
+def score_matrix(runs: list[dict], targets: list[str]) -> np.ndarray:
+    """(runs, targets) normalized scores: rliable's (num_runs, num_tasks)."""
+    return np.array([[r["scores"][t]["normalized"] for t in targets] for r in runs])
+
+
+def write_page(results: list[dict], args, page: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rliable import library as rly
+    from rliable import metrics
+
+    from morca_env.io import atomic_path, atomic_write_text
+
+    groups = by_method(results, args.seeds)
+    if not groups:
+        print("no complete method yet: nothing to report")
+        return
+    targets = sorted({t for g in groups.values() for r in g for t in r["scores"]}, key=float)
+    scores = {label: score_matrix(g, targets) for label, g in groups.items()}
+    iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
+    overall, overall_ci = rly.get_interval_estimates(scores, iqm, reps=REPS)
+    per_target = [rly.get_interval_estimates({k: v[:, [i]] for k, v in scores.items()}, iqm, reps=REPS)
+                  for i in range(len(targets))]
+    ranked = sorted(groups, key=lambda k: -float(overall[k][0]))
+    mean_psnr = {k: {t: np.mean([r["scores"][t]["psnr"] for r in g]) for t in targets} for k, g in groups.items()}
+
+    lines = ["# MorcaTiny leaderboard", "",
+             "Normalized score at the same K: 100 x (PSNR - random feasible) / (best fixed - random feasible), "
+             "per episode pair of the benchmark suite (`morca_env.benchmark`, MorcaTiny-v0: held-out tiny-eval "
+             f"prompts, targets {', '.join(t + 'x' for t in targets)}; every {args.pair_step}. pair of the 40). "
+             "IQM over runs x targets (and per target over runs) with 95% stratified-bootstrap CIs "
+             f"(rliable, {REPS} resamples). Best fixed is 100 by construction: the bar a learned scheduler must clear.",
+             "", f"Training budgets: offline {args.updates} gradient updates (each algorithm's default batch size) on "
+             f"the first {args.episodes} episodes of a dataset; online {args.online_episodes} environment episodes "
+             f"({args.online_episodes * 50} steps); {args.seeds} training seeds per learned method; "
+             "rules are deterministic (random feasible: one run per seed).", "",
+             "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
+             + " | ".join(f"{t}x PSNR" for t in targets) + " | train s / run |",
+             "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|"]
+    for rank, label in enumerate(ranked, 1):
+        low, high = overall_ci[label][:, 0]
+        cells = [f"{per_target[i][0][label][0]:.1f}" for i in range(len(targets))]
+        train = np.mean([r["train_s"] for r in groups[label]])
+        lines.append(f"| {rank} | {label} | {len(groups[label])} | {overall[label][0]:.1f} ({low:.1f}, {high:.1f}) | "
+                     + " | ".join(cells) + " | " + " | ".join(f"{mean_psnr[label][t]:.2f}" for t in targets)
+                     + f" | {train:.0f} |")
+    top = ranked[0]
+    family = groups[top][0]["family"]
+    lines += ["", f"Top: **{top}**" + (" — a rule, not a learned scheduler." if family == "rule" else "."), ""]
+    missing = sorted({(r["method"], r["dataset"]) for r in results} - {(g[0]["method"], g[0]["dataset"])
+                                                                      for g in groups.values()})
+    if missing:
+        lines += ["Not ranked (seeds still running): " + ", ".join(f"{m} ({d})" for m, d in missing), ""]
+
+    taus = np.linspace(-100, 150, 101)
+    profiles, profile_cis = rly.create_performance_profile({k: scores[k] for k in ranked}, taus, reps=REPS)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in ranked:
+        ax.plot(taus, profiles[label], label=label)
+        ax.fill_between(taus, profile_cis[label][0], profile_cis[label][1], alpha=0.15)
+    ax.set_xlabel("normalized score tau (0 = random feasible, 100 = best fixed)")
+    ax.set_ylabel("fraction of runs x targets with score > tau")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    plot = page.with_suffix(".png")
+    with atomic_path(plot) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    lines += [f"![performance profile]({plot.name})", "", f"Remake: `{args.command}` (resumable: a rerun continues; "
+              "`--report` rewrites this page from the runs done).", ""]
+    atomic_write_text(page, "\n".join(lines))
+    print(f"wrote {page} and {plot}")
