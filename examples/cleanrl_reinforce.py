@@ -33,9 +33,7 @@ def main(env_id: str = "MorcaTiny-v0", steps: int = 2000, num_envs: int = 2, lr:
          **env_kwargs):
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    suite = benchmark.suite_of(env_id)
-    kwargs = {"speedup": (min(suite.targets), max(suite.targets)), "prompts": suite.train_prompts, **suite.kwargs,
-              **env_kwargs}
+    kwargs = benchmark.training_kwargs(env_id, **env_kwargs)  # training prompts, speedups across the targets
     envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                         wrappers=[gym.wrappers.FlattenObservation], **kwargs)
     size = envs.single_observation_space.shape[0]

@@ -41,9 +41,7 @@ def main(env_id: str = "MorcaTiny-v0", frames: int = 2000, score: bool = True, *
     from torchrl.objectives import DQNLoss, SoftUpdate
 
     torch.set_num_threads(1)
-    suite = benchmark.suite_of(env_id)
-    kwargs = {"speedup": (min(suite.targets), max(suite.targets)), "prompts": suite.train_prompts, **suite.kwargs,
-              **env_kwargs}
+    kwargs = benchmark.training_kwargs(env_id, **env_kwargs)  # training prompts, speedups across the targets
     env = TransformedEnv(GymEnv(env_id, categorical_action_encoding=True, **kwargs), ActionMask())
     ranks = {k: len(env.observation_spec[k].shape) for k in FEATURES}
     policy = TensorDictSequential(

@@ -238,12 +238,17 @@ def make_env(env_id: str, suite: Suite | None = None, **env_kwargs):
     return gym.make(env_id, speedup=suite.targets[0], prompts=suite.prompts, **{**suite.kwargs, **env_kwargs})
 
 
-def training_env(env_id: str, **env_kwargs):
-    """An env to train on for `env_id`'s suite: its training prompts, target speedups drawn across the suite's
-    targets, the suite's settings (`env_kwargs` add to them)."""
+def training_kwargs(env_id: str, **env_kwargs) -> dict:
+    """The env arguments to train on for `env_id`'s suite: its training prompts, target speedups drawn across the
+    suite's targets, the suite's settings (`env_kwargs` add to them); for `gym.make`, `make_vec`, torchrl's GymEnv."""
     suite = suite_of(env_id)
-    return gym.make(env_id, **{"speedup": (min(suite.targets), max(suite.targets)), "prompts": suite.train_prompts,
-                               **suite.kwargs, **env_kwargs})
+    return {"speedup": (min(suite.targets), max(suite.targets)), "prompts": suite.train_prompts, **suite.kwargs,
+            **env_kwargs}
+
+
+def training_env(env_id: str, **env_kwargs):
+    """`gym.make(env_id, **training_kwargs(env_id, **env_kwargs))`."""
+    return gym.make(env_id, **training_kwargs(env_id, **env_kwargs))
 
 
 def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None,

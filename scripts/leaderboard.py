@@ -170,6 +170,10 @@ def main(argv=None) -> int:
     runs = Path(args.out) / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     todo = [j for j in jobs(args) if not (runs / f"{run_name(j)}.json").exists()]
+    command_file = Path(args.out) / "command.txt"  # the command that made the runs, for the page
+    if not args.report:
+        command_file.write_text(args.command)
+    args.run_command = command_file.read_text().strip() if command_file.exists() else None
     if not args.report and todo:
         from tqdm import tqdm
 
@@ -185,7 +189,7 @@ def main(argv=None) -> int:
                     print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)
     from leaderboard_report import write_page
 
-    write_page([json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))], args, Path(args.page))
+    write_page([json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))], args, Path(args.page), jobs(args))
     return 0
 
 

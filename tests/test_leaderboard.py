@@ -1,0 +1,56 @@
+"""The leaderboard: complete methods only, ranked by rliable's IQM, resumable runs, the command on the page."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rliable")  # the [benchmark] extra
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import leaderboard  # noqa: E402
+import leaderboard_report  # noqa: E402
+
+
+def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
+    return {"family": family, "method": method, "dataset": dataset, "seed": seed, "rule": rule, "train_s": 1.0,
+            "scores": {t: {"normalized": v, "psnr": 20.0 + v / 10, "projected": 0.0} for t, v in zip(("2", "3"), scores)}}
+
+
+def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
+    results = [run("A", s, (10.0 * s, 10.0 * s + 5)) for s in range(5)]  # IQM of 0, 5, 10, ... 45
+    results += [run("B", s, (100.0, 120.0)) for s in range(5)]
+    results += [run("best fixed", 0, (100.0, 100.0), family="rule", dataset="-", rule="best-fixed")]
+    results += [run("C", s, (500.0, 500.0)) for s in range(3)]  # 3 of 5 seeds: not ranked yet
+    args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
+                              command="python scripts/leaderboard.py --seeds 5")
+    page = tmp_path / "board.md"
+    leaderboard_report.write_page(results, args, page, expected=results + [run("D", 0, (0, 0), dataset="random")])
+    text = page.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [r.split(" | ")[1] for r in rows] == ["B on mixture", "best fixed", "A on mixture"]
+    a = np.array([[10.0 * s, 10.0 * s + 5] for s in range(5)])
+    middle = np.sort(a.ravel())[2:8]  # the interquartile mean of 10 values: the middle 5 (scipy trims 25% each side)
+    iqm = float(rows[2].split(" | ")[3].split(" ")[0])
+    assert middle.min() <= iqm <= middle.max()
+    assert "Not ranked (seeds still running): C (mixture)" in text and "Not run yet (rerun the command to continue): D (random)" in text and "Top: **B on mixture**." in text
+    assert "`python scripts/leaderboard.py --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
+
+
+def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path):
+    out, page = tmp_path / "lb", tmp_path / "page.md"
+    argv = ["--only", "rules", "--seeds", "1", "--pair-step", "40", "--workers", "1", "--out", str(out),
+            "--page", str(page)]
+    assert leaderboard.main(argv) == 0
+    files = sorted((out / "runs").glob("*.json"))
+    assert len(files) == len(leaderboard.RULES)
+    best = json.loads((out / "runs" / "best_fixed_____s0.json").read_text())
+    assert all(s["normalized"] == pytest.approx(100.0) for s in best["scores"].values())
+    stamps = [f.stat().st_mtime_ns for f in files]
+    assert leaderboard.main(argv) == 0  # nothing left to run: the same files, the page rewritten
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    assert "python scripts/leaderboard.py --only rules" in page.read_text()
