@@ -138,12 +138,10 @@ def as_policy(agent) -> Any:
         if agent.impl is None:
             raise ValueError("the d3rlpy algorithm is not built yet: fit it (or build_with_env / build_with_dataset) first")
         return _d3rlpy(agent)
-    try:
-        import torch
-        if isinstance(agent, torch.nn.Module):
-            return _torch_module(agent)
-    except ImportError:  # pragma: no cover (torch is a core dependency)
-        pass
+    import torch
+
+    if isinstance(agent, torch.nn.Module):
+        return _torch_module(agent)
     if callable(agent):
         return CallablePolicy(agent, getattr(agent, "__name__", type(agent).__name__))
     raise TypeError(f"cannot score {type(agent).__name__}: pass a callable obs -> action, a scheduler, "
