@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from morca_env.observation import OBS_KEYS, Scalar, as_flat, as_tuple, is_flat_shape  # noqa: F401 (OBS_KEYS re-exported)
+from morca_env.schedulers import checkpoint_paths, register
 
 
 def observation_batch(obs: dict) -> list[np.ndarray]:
@@ -52,8 +53,7 @@ class MorcaPolicy:
 
     @classmethod
     def load(cls, path, device: str = "cpu", deterministic: bool = True, pace: float = 0.0) -> "MorcaPolicy":
-        import agents  # noqa: F401  (registers our config and encoder with d3rlpy)
-
+        from . import iql  # noqa: F401  (registers our config and encoder with d3rlpy)
         from .checkpoint import load_learnable
 
         return cls(load_learnable(path, device=device), deterministic, pace)
@@ -153,3 +153,12 @@ class MorcaEnsemble:
             return 0 if mask[0] else 1
         log_probs = torch.stack([torch.log_softmax(m.logits(obs).float(), dim=-1) for m in self.members])
         return pick(log_probs.mean(dim=0), self.deterministic)
+
+
+@register("morca", learned=True, checkpoint_suffixes=(".d3",))
+def load_morca(path=None, **options):
+    """The registry's "morca": a d3rlpy checkpoint (`MorcaPolicy`) or several, comma-separated (`MorcaEnsemble`)."""
+    if path is None:
+        raise ValueError("scheduler 'morca' needs a checkpoint: make('morca', path=...)")
+    paths = checkpoint_paths(path)
+    return MorcaPolicy.load(paths[0], **options) if len(paths) == 1 else MorcaEnsemble.load(paths, **options)

@@ -27,6 +27,7 @@ from .checkpoint import load_torch, save_torch
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
 from morca_env.rollout import rollout
+from morca_env.schedulers import register
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +168,11 @@ class Reinforce:
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
         return self.history
+
+
+@register("reinforce", learned=True, checkpoint_suffixes=(".pt",))
+def load_reinforce(path=None, **options) -> ReinforcePolicy:
+    """The registry's "reinforce": a REINFORCE checkpoint (`.pt`)."""
+    if path is None:
+        raise ValueError("scheduler 'reinforce' needs a checkpoint: make('reinforce', path=...)")
+    return ReinforcePolicy.load(path, **options)

@@ -38,7 +38,7 @@ from morca_env import env as env_module
 from morca_env import observation as observation_module
 from morca_env.calibrate import fastest, run_uniform_episode, stock_seconds
 from morca_env.observation import feature_shapes
-from morca_env.policies import UniformInterval
+from morca_env.schedulers.fixed import UniformInterval
 from morca_env.rollout import rollout
 from morca_env.signals import StepDistanceTracker
 from morca_env.threads import configure_threads

@@ -3,26 +3,42 @@
     import gymnasium as gym, morca_env
     env = gym.make("MorcaTiny-v0", speedup=3.0)     # packaged CPU model
     env = gym.make("MorcaWan21-v0", speedup=3.0)    # Wan2.1-T2V-1.3B (GPU + weights)
+
+The public face: the env (`MorcaEnv`, `ENV_IDS`), the scheduler registry (`make_scheduler`,
+`scheduler_names`), `rollout` / `Trajectory`, `accelerate` (a stock pipeline under a scheduler),
+and the datasets (`collect_dataset`, `to_replay_buffer`). Everything else stays importable from
+its module.
 """
 
 from .quiet import quiet_legacy_gym
 
 quiet_legacy_gym()  # before anything imports the legacy gym package and prints its notice
 
-from gymnasium.envs.registration import register, registry  # noqa: E402
+from .registration import ENV_IDS, register_envs  # noqa: E402
+
+register_envs()
 
 from .accelerate import AccelerateResult, accelerate  # noqa: E402
-from .budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps  # noqa: E402
-from .denoiser import DenoiserConfig, StepwiseDenoiser  # noqa: E402
-from .models.presets import PRESETS  # noqa: E402
+from .budget import BudgetSpec, SpeedupCalibration  # noqa: E402
+from .rollout import Trajectory, rollout  # noqa: E402
+from .schedulers import make as make_scheduler, names as scheduler_names  # noqa: E402
 
 __version__ = "0.1.0"
 
-ENV_IDS = tuple(preset.env_id for preset in PRESETS.values())
 
-for _preset in PRESETS.values():
-    if _preset.env_id not in registry:
-        register(id=_preset.env_id, entry_point="morca_env.env:MorcaEnv", kwargs={"model": _preset.name})
+def __getattr__(name: str):
+    """The env and the dataset tools load on first use: their imports (torchmetrics, minari) cost ~3 s."""
+    if name == "MorcaEnv":
+        from .env import MorcaEnv
 
-__all__ = ["AccelerateResult", "BudgetSpec", "accelerate", "DenoiserConfig", "ENV_IDS", "SpeedupCalibration", "StepwiseDenoiser",
-           "forced_recompute_steps"]
+        return MorcaEnv
+    if name in ("CollectionRecipe", "collect_dataset", "to_replay_buffer"):
+        from . import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module 'morca_env' has no attribute {name!r}")
+
+
+__all__ = ["AccelerateResult", "BudgetSpec", "CollectionRecipe", "ENV_IDS", "MorcaEnv", "SpeedupCalibration",
+           "Trajectory", "accelerate", "collect_dataset", "make_scheduler", "rollout", "scheduler_names",
+           "to_replay_buffer"]

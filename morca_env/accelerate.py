@@ -14,7 +14,7 @@ the stock pipeline's.
 
 Rules that read run-time signals get the live call as `info["run_view"]` at reset
 (the step's model input and timestep, the residual caches: see
-`morca_env.rules.runtime.RunView`). A policy with `prepare_call(replay, spec, budget)`
+`morca_env.schedulers.rules.runtime.RunView`). A policy with `prepare_call(replay, spec, budget)`
 (the exact-budget forms of those rules) is first given a `Replay` of this very call
 (same prompt, noise and settings, on a private `StepwiseDenoiser`) to search on; the
 call's initial noise is then drawn here from its `generator` (as the pipeline would
@@ -124,7 +124,7 @@ class _Run:
         self.result.schedule.append(executed)
         self.result.num_projected += int(projected)
 
-    # the RunView of morca_env.rules.runtime: what run-time rules read of this call
+    # the RunView of morca_env.schedulers.rules.runtime: what run-time rules read of this call
     def step_input(self, step: int) -> tuple:
         if self.current is None or max(self.step_experts) != step:
             raise RuntimeError(f"step {step} is not the step being decided")
@@ -170,7 +170,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         if isinstance(calibration, str) and Path(calibration).is_file():
             calibration = SpeedupCalibration.from_json(calibration)
         elif isinstance(calibration, str):
-            from .calibrate import load_calibration
+            from .calibration_files import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
         budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)
@@ -222,7 +222,7 @@ def _with_latents(pipe, call_kwargs: dict) -> dict:
 def _replay_of(pipe, call_kwargs: dict):
     """Free runs of this call: a private denoiser with the call's settings, started from its inputs."""
     from .denoiser import DenoiserConfig
-    from .rules.runtime import Replay
+    from .schedulers.rules.runtime import Replay
 
     settings = {k: call_kwargs.get(k, v) for k, v in _PIPELINE_DEFAULTS.items()}
     settings["num_frames"] = _frames(pipe, settings["num_frames"])

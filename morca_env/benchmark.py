@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 from scipy import stats
 
+from . import schedulers
 from .io import atomic_write_text
 from .observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape
 from .prompts import get_suite
@@ -318,15 +319,13 @@ def measure_references(env_id: str = "MorcaTiny-v0", *, env=None, progress: bool
                        best_fixed=None) -> dict:
     """Play the random feasible policy (seeded) and the best fixed schedule (the packaged `best-fixed`, or
     `best_fixed`) on the whole suite: the 0 and 100 of the normalized score, per target and per episode."""
-    from . import policies
-
     suite = suite_of(env_id)
     own_env = env is None
     env = make_env(env_id, suite) if own_env else env
     try:
-        schedulers = {"random": policies.make("random", env, seed=seed),
-                      "best-fixed": best_fixed if best_fixed is not None else policies.make("best-fixed", env)}
-        played = {m: play(schedulers[m], env, suite, progress=progress) for m in REFERENCE_METHODS}
+        references = {"random": schedulers.make("random", env, seed=seed),
+                      "best-fixed": best_fixed if best_fixed is not None else schedulers.make("best-fixed", env)}
+        played = {m: play(references[m], env, suite, progress=progress) for m in REFERENCE_METHODS}
     finally:
         if own_env:
             env.close()

@@ -37,12 +37,13 @@ from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text
 from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
-from .policies import ALIASES, SCHEDULERS
+from . import schedulers
 from .quiet import quiet_d3rlpy
+from .registration import register_envs
+from .workers import exit_with_parent, needs_gpu, start_method
 
 log = logging.getLogger(__name__)
 
-BEHAVIORS = tuple(sorted(SCHEDULERS) + sorted(ALIASES))  # any scheduler of the registry
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
 
 
@@ -67,8 +68,9 @@ class CollectionRecipe:
         check_dataset_id(self.dataset_id)
         if isinstance(self.behavior, str):
             self.behavior = {"name": self.behavior}
-        if not isinstance(self.behavior, dict) or self.behavior.get("name") not in BEHAVIORS:
-            raise ValueError(f"behavior={self.behavior!r}; valid: a behaviour name ({', '.join(BEHAVIORS)}) or a "
+        valid = schedulers.names(aliases=True)  # any scheduler of the registry
+        if not isinstance(self.behavior, dict) or self.behavior.get("name") not in valid:
+            raise ValueError(f"behavior={self.behavior!r}; valid: a behaviour name ({', '.join(valid)}) or a "
                              "dict {'name': <name>, **options}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
@@ -115,13 +117,8 @@ def minari_root() -> Path:
 
 # ------------------------------------------------------------------ behaviour
 def make_behavior(spec: dict, env, seed: int):
-    """The behaviour policy of a recipe entry {"name": <scheduler name>, **options} (`morca_env.policies.make`)."""
-    from . import policies
-
-    options = {k: v for k, v in spec.items() if k != "name"}
-    if spec.get("name") in policies.SEEDED:
-        options["seed"] = seed
-    return policies.make(spec.get("name"), env, **options)
+    """The behaviour policy of a recipe entry {"name": <scheduler name>, **options} (`schedulers.from_spec`)."""
+    return schedulers.from_spec(spec, env, seed=seed)
 
 
 # ------------------------------------------------------------------ one episode
@@ -191,28 +188,6 @@ def completed_indices(staging: Path, num_episodes: int) -> set[int]:
 
 
 # ------------------------------------------------------------------ workers
-def exit_with_parent(parent_pid: int) -> None:
-    """End this worker when the collecting process dies, even by SIGKILL (no orphans running on)."""
-    import signal
-    import sys
-    import threading
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    else:
-        def watch():
-            while os.getppid() == parent_pid:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, daemon=True).start()
-    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
-        os._exit(1)
-
-
 class EpisodeRunner:
     """One worker's env and behaviour loop: `runner(index)` -> episode `index` of the recipe.
 
@@ -223,7 +198,7 @@ class EpisodeRunner:
     def __init__(self, recipe_dict: dict, threads: int, env_overrides: dict):
         import torch
 
-        import morca_env  # noqa: F401  (registers the envs in a spawned process or a Ray worker)
+        register_envs()  # in a spawned process or a Ray worker
 
         torch.set_num_threads(threads)
         self.recipe = CollectionRecipe(**recipe_dict)
@@ -264,15 +239,6 @@ def _worker_errors(staging: Path) -> list[str]:
     return [t.strip().splitlines()[-1] for t in texts if t.strip()] + texts[:1]
 
 
-def _worker_start_method(threads: int) -> str:
-    """`fork` where it is safe (Linux, one torch thread per worker, as DataLoader workers run):
-    a worker then starts in ~1 s instead of ~7 s of imports, which matters for throughput;
-    `spawn` otherwise."""
-    import sys
-
-    return "fork" if sys.platform.startswith("linux") and threads == 1 else "spawn"
-
-
 def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
                  env_overrides: dict, progress: bool, already: int, executor=None) -> None:
     from tqdm import tqdm
@@ -289,7 +255,7 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
             bar.update()
         runner.close()
     else:
-        ctx = mp.get_context(_worker_start_method(threads))
+        ctx = mp.get_context(start_method(threads))
         shutil.rmtree(_errors_dir(staging), ignore_errors=True)
         procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides,
                                                    os.getpid()), daemon=True) for shard in shards if shard]
@@ -316,17 +282,6 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
         bar.n = len(completed_indices(staging, recipe.num_episodes))
         bar.refresh()
     bar.close()
-
-
-def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
-    """Whether a worker of this env wants a GPU of its own: the Wan models (not MorcaTiny), unless the
-    recipe pins `device` to the CPU."""
-    from .models.presets import get_preset
-
-    spec = gym.spec(env_id)
-    preset = get_preset(env_kwargs.get("model", spec.kwargs.get("model")))  # the recipe overrides the registration, as in gym.make
-    device = str(env_kwargs.get("device") or "")
-    return bool(preset.prefers_gpu) and not device.startswith("cpu")
 
 
 def _run_on_executor(executor, recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int,
@@ -395,7 +350,7 @@ def collect_dataset(
     for name, count in (("workers", workers), ("threads", threads)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{name}={count!r} must be a positive integer")
-    import morca_env  # noqa: F401  (registers the envs)
+    register_envs()
 
     if recipe.env_id not in gym.registry:
         raise ValueError(f"env_id={recipe.env_id!r} is not registered; valid: "
@@ -444,7 +399,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     missing = sorted(set(range(recipe.num_episodes)) - completed_indices(staging, recipe.num_episodes))
     if missing:
         raise RuntimeError(f"{len(missing)} episodes are not collected yet (first: {missing[:5]}); resume collection")
-    import morca_env  # noqa: F401
+    register_envs()
 
     base_spec = gym.spec(recipe.env_id)
     spec_kwargs = {k: v for k, v in recipe.env_kwargs.items() if k not in SPEC_EXCLUDED_KWARGS}

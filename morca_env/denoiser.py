@@ -151,7 +151,7 @@ class StepwiseDenoiser:
     def cache_for(self, step: int) -> ResidualCache:
         return self.caches[self.expert_of_step[step]]
 
-    # the RunView of morca_env.rules.runtime: what rules that read run-time signals see of this run
+    # the RunView of morca_env.schedulers.rules.runtime: what rules that read run-time signals see of this run
     def step_input(self, step: int) -> tuple:
         """(transformer, model input, timestep) of `step`, the next step to run."""
         if self._index != step or self.done:

@@ -20,7 +20,7 @@ from gymnasium import spaces
 from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
 from .denoiser import DenoiserConfig, StepwiseDenoiser
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
-from .calibrate import load_calibration
+from .calibration_files import load_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .references import ReferenceCache

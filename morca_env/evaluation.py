@@ -7,12 +7,10 @@ the same either way, and the driver alone writes them to `episodes.jsonl`.
 
 from __future__ import annotations
 
-import json
-
 import gymnasium as gym
 import numpy as np
 
-from . import policies
+from . import schedulers
 from .calibrate import fastest, stock_seconds
 from .rollout import rollout
 
@@ -26,48 +24,19 @@ def make_envs(env_id: str, suite, env_kwargs: dict):
     return env, free_env
 
 
-def _registry_options(name: str, spec: str | None) -> dict | None:
-    """A method's `{"name": ..., options}` spec as a dict (None for a plain name or a checkpoint path)."""
-    if spec is None or not spec.lstrip().startswith("{"):
-        return None
-    try:
-        options = json.loads(spec)
-        if not isinstance(options.get("name"), str):
-            raise ValueError
-    except (ValueError, AttributeError):
-        raise SystemExit(f"method {name!r}: {spec!r} is not a JSON object with a scheduler \"name\"") from None
-    return options
-
-
 def load_method(name: str, spec: str | None, env, free_env, threshold_map=None, seed: int = 0):
-    """-> (policy, env it runs in). Rule names are the scheduler registry's (`morca_env.policies.make`);
-    `<label>=<checkpoint>` loads a learned scheduler (`.pt`: REINFORCE, else a d3rlpy MORCA policy);
-    `<label>={"name": <registry name>, <option>: ...}` makes a registry scheduler with options under its own
-    label, as a collection recipe names a behaviour (e.g. `acid-tea={"name": "acid-exact", "rule": "teacache"}`).
-    Randomised schedulers (`policies.SEEDED`) are seeded with `seed`."""
-    options = _registry_options(name, spec)
-    if options is not None:
-        kind = options.pop("name")
-        if kind in policies.SEEDED:
-            options["seed"] = seed
-        policy = policies.make(kind, env, **options)
-        return policy, (env if policies.needs_exact_budget(policy) else free_env)
-    if name in policies.SCHEDULERS or name in policies.ALIASES:
-        kind = name
-    elif name.startswith(("morca", "reinforce")):
-        if spec is None:
-            raise SystemExit(f"method {name!r} needs a checkpoint: {name}=<path>")
-        kind = "reinforce" if spec.endswith(".pt") else "morca"
-    else:
-        raise SystemExit(f"unknown method {name!r}: a scheduler name ({', '.join(sorted(policies.SCHEDULERS))}) "
-                         "or morca-*=<.d3> / reinforce=<.pt>")
-    kwargs = {"path": spec} if spec is not None else {}
+    """-> (policy, env it runs in) for a command line's method `name[=spec]` (`schedulers.parse_method`: a registry
+    name, `<label>=<checkpoint>`, or `<label>={"name": <registry name>, <option>: ...}`); randomised schedulers are
+    seeded with `seed`, and `seacache-global` takes `threshold_map` when one is given (a recalibrated map)."""
+    try:
+        options = schedulers.parse_method(name, spec)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    kind = options.pop("name")
     if kind == "seacache-global" and threshold_map is not None:
-        kwargs["threshold_map"] = threshold_map
-    if kind in policies.SEEDED:
-        kwargs["seed"] = seed
-    policy = policies.make(kind, env, **kwargs)
-    return policy, (env if policies.needs_exact_budget(policy) else free_env)
+        options.setdefault("threshold_map", threshold_map)
+    policy = schedulers.make(kind, env, seed=seed, **options)
+    return policy, (env if schedulers.needs_exact_budget(policy) else free_env)
 
 
 class Methods:
@@ -88,9 +57,7 @@ class Methods:
 
     def for_episode(self, name: str, target: float, index: int):
         """(policy, env) for the episode of prompt `index` at `target`."""
-        options = _registry_options(name, self.specs[name])
-        kind = options["name"] if options is not None else policies.ALIASES.get(name, name)
-        if kind not in policies.SEEDED:
+        if not schedulers.is_seeded(schedulers.parse_method(name, self.specs[name])["name"]):
             return self.loaded[name]
         seed = int(np.random.SeedSequence([index, round(1000 * target)]).generate_state(1)[0])
         return load_method(name, self.specs[name], self.env, self.free_env, self.threshold_map, seed=seed)

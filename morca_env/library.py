@@ -16,14 +16,20 @@ library is shipped; the tools stay for other models, features and data sizes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .search import EvaluationLog, Pair, SchedulePlayer, schedule_key
+from .budget import BudgetSpec
+from .calibration_files import find_calibration_file
+from .schedulers import register
+from .schedulers.base import feasible, step_index
+from .schedulers.fixed import StaticSchedule
+from .schedulers.schedule import adjust_reuses, schedule_key
+from .search import EvaluationLog, Pair, SchedulePlayer
+from .workers import map_on_envs
 
 
 # ------------------------------------------------------------------ the library
@@ -146,11 +152,8 @@ def no_cache_profile(denoiser, prompt: str, seed: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ schedules on many runs, in workers
-def _play_job(job) -> tuple[int, list[float], dict[str, np.ndarray]]:
-    from . import search
-
+def _play_job(env, job) -> tuple[int, list[float], dict[str, np.ndarray]]:
     index, (prompt, seed), schedules, prefix, profile, log_path = job
-    env = search._WORKER_ENV  # `search._init_worker`'s: one env per worker process
     log = EvaluationLog(log_path)
     player = None
     rewards = []
@@ -188,11 +191,8 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
     """Every schedule's reward on every run (resumable: episodes in `log_path` are read, not replayed) and,
     with a `prefix`, each run's switch features, with `profile` its `no_cache_profile`. -> ({name: [reward per
     run]}, {"summary": (runs, n), "pooled": (runs, m), "profile": (runs, 2 (N - 1))})."""
-    import multiprocessing as mp
-
     from tqdm import tqdm
 
-    from .search import _init_worker
 
     names = list(schedules)
     lists = [[int(a) for a in schedules[n]] for n in names]
@@ -201,18 +201,9 @@ def play_on_runs(env_id: str, env_kwargs: dict, schedules: dict[str, Sequence[in
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     results: dict[int, tuple] = {}
     bar = tqdm(total=len(jobs), desc=desc, unit="run")
-    if workers == 1:
-        _init_worker(env_id, kwargs, threads)
-        for job in jobs:
-            index, rewards, features = _play_job(job)
-            results[index] = (rewards, features)
-            bar.update()
-    else:
-        with mp.get_context("fork").Pool(workers, initializer=_init_worker,
-                                         initargs=(env_id, kwargs, threads, os.getpid())) as pool:
-            for index, rewards, features in pool.imap_unordered(_play_job, jobs):
-                results[index] = (rewards, features)
-                bar.update()
+    for index, rewards, features in map_on_envs(_play_job, jobs, env_id, kwargs, workers, threads):
+        results[index] = (rewards, features)
+        bar.update()
     bar.close()
     rewards = {n: [results[b][0][k] for b in range(len(jobs))] for k, n in enumerate(names)}
     features = {key: np.stack([results[b][1][key] for b in range(len(jobs))]) for key in (results[0][1] if jobs else {})}
@@ -296,7 +287,7 @@ class LibraryScheduler:
     `libraries` maps K to {"prefix": int, "members": [schedule, ...], "feature": "summary" | "pooled" | "both",
     "selector": RidgeSelector.to_dict()}; member 0 is the default (the best fixed schedule). A K without a
     library takes the library of a K at most `reach` away with its members' reuses added or removed after the
-    prefix (`policies.adjust_reuses`); farther, it plays `fallback` (the best fixed schedule), so every K is
+    prefix (`schedulers.schedule.adjust_reuses`); farther, it plays `fallback` (the best fixed schedule), so every K is
     served. The choice per episode is kept
     in `last_choice` (None at a K without a library), what it read in `last_features`.
     """
@@ -317,8 +308,6 @@ class LibraryScheduler:
     @property
     def fallback(self):
         """The best fixed schedule, loaded when a K first needs it (an env without one can still use the library)."""
-        from .policies import StaticSchedule
-
         if self._fallback is None:
             self._fallback = StaticSchedule.packaged(self.env.preset.name)
         return self._fallback
@@ -332,8 +321,6 @@ class LibraryScheduler:
 
     @classmethod
     def packaged(cls, env) -> "LibraryScheduler":
-        from .calibrate import find_calibration_file
-
         name = env.unwrapped.preset.name
         path = find_calibration_file(f"{name}_library.json")
         if path is None:
@@ -341,10 +328,6 @@ class LibraryScheduler:
         return cls.from_file(path, env)
 
     def reset(self, obs, info) -> None:
-        from .budget import BudgetSpec
-
-        from .policies import adjust_reuses
-
         self.num_steps = info["num_steps"]
         budget = int(info["budget"])
         self.last_choice = None
@@ -365,8 +348,6 @@ class LibraryScheduler:
         self.reader, self._latents = SwitchReader(), None
 
     def __call__(self, obs) -> int:
-        from .policies import feasible, step_index
-
         if self.library is None:
             return self.fallback(obs)
         i = step_index(obs, self.num_steps)
@@ -381,3 +362,11 @@ class LibraryScheduler:
             self.last_choice = int(self.library["selector"].choose(x[None])[0])
             self.schedule = list(self.library["members"][self.last_choice])
         return feasible(self.schedule[i], obs)
+
+
+@register("library", needs_env=True)
+def library(env=None, path=None) -> LibraryScheduler:
+    """A schedule library with its selector: the shipped one for the env, or `path`'s."""
+    if env is None:
+        raise ValueError("scheduler 'library' reads the run from the env: make('library', env=env)")
+    return LibraryScheduler.from_file(path, env) if path is not None else LibraryScheduler.packaged(env)

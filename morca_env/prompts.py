@@ -81,9 +81,10 @@ def _builtin(name: str) -> PromptSuite:
         if name == "vbench-train":
             return PromptSuite(name, tuple(prompts[i] for i in train_idx))
     if name.startswith("tiny-"):
-        from .models.tiny_data import tiny_prompt_suite
+        from .models.tiny_data import tiny_split
 
-        return tiny_prompt_suite(name)
+        prompts, seeds = tiny_split(name)
+        return PromptSuite(name, prompts, seeds)
     raise KeyError(name)
 
 

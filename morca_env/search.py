@@ -31,7 +31,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .budget import BudgetSpec
+from .executors import WorkerFailed
 from .io import atomic_write_text
+from .schedulers.schedule import propose, schedule_key
+from .workers import map_on_envs
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +85,6 @@ class SearchResult:
         return asdict(self)
 
 
-def schedule_key(schedule: Sequence[int]) -> str:
-    return "".join("1" if a else "0" for a in schedule)
-
-
 class EvaluationLog:
     """Append-only JSON lines {prompt, seed, schedule, reward, psnr}; a torn last line (crash) is ignored."""
 
@@ -118,7 +117,7 @@ class EvaluationLog:
 
 def play_schedule(env, schedule: Sequence[int], prompt: str, seed: int):
     """The trajectory of one fixed schedule for (prompt, seed), in an exact-budget env."""
-    from .policies import FixedSchedule
+    from .schedulers.fixed import FixedSchedule
     from .rollout import rollout
 
     trajectory = rollout(env, FixedSchedule(schedule), {"prompt": prompt, "seed": int(seed), "budget": int(sum(schedule))})
@@ -221,7 +220,7 @@ def validated_schedule(env, fitted: Sequence[int], pairs: Sequence[Pair], log_pa
     validation `pairs`: a schedule fitted to a dozen prompts can lose to uniform on others (measured on
     MorcaTiny at K = 34: +0.6 dB on its 12 training prompts, -0.3 dB on 20 validation prompts).
     -> (schedule, {"validation_psnr", "uniform_validation_psnr", "kept"}); episodes logged at `log_path`."""
-    from .policies import UniformInterval
+    from .schedulers.fixed import UniformInterval
 
     fitted = [int(a) for a in fitted]
     env = env.unwrapped
@@ -236,31 +235,10 @@ def validated_schedule(env, fitted: Sequence[int], pairs: Sequence[Pair], log_pa
     return (fitted if kept == "fitted" else uniform), {**scores, "kept": kept}
 
 
-def propose(schedule: list[int], spec: BudgetSpec, rng: np.random.Generator, config: SearchConfig) -> list[int] | None:
-    """A swap neighbour of `schedule` (same K, forced steps untouched), or None when none was found."""
-    free = [i for i in range(config.frozen_prefix, spec.num_steps) if i not in spec.forced]
-    reuse = [f for f, i in enumerate(free) if schedule[i]]
-    recompute = [f for f, i in enumerate(free) if not schedule[i]]
-    if not reuse or not recompute:
-        return None  # K = 0 or K = K_max: a single schedule
-    out = list(schedule)
-    if rng.random() < config.far_fraction:
-        a, b = int(rng.choice(reuse)), int(rng.choice(recompute))
-    else:
-        movers, targets = (reuse, set(recompute)) if len(reuse) <= len(recompute) else (recompute, set(reuse))
-        a = int(rng.choice(movers))
-        shift = int(rng.integers(1, config.max_shift + 1)) * (1 if rng.random() < 0.5 else -1)
-        b = a + shift
-        if b not in targets:
-            return None
-    out[free[a]], out[free[b]] = out[free[b]], out[free[a]]
-    return out
-
-
 def hill_climb(value: Callable[[list[int]], float], spec: BudgetSpec, budget: int, config: SearchConfig,
                start: list[int] | None = None, progress: Callable[[int, float], None] | None = None) -> SearchResult:
     """First-improvement hill climbing over exact-`budget` schedules (see the module docstring)."""
-    from .policies import UniformInterval
+    from .schedulers.fixed import UniformInterval
 
     spec.check_budget(budget)
     rng = np.random.default_rng(config.seed)
@@ -376,43 +354,12 @@ class SearchTask:
     start: tuple[int, ...] | None = None
 
 
-_WORKER_ENV = None
-
-
-def _init_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None = None) -> None:
-    global _WORKER_ENV
-    import gymnasium as gym
-    import torch
-
-    import morca_env  # noqa: F401
-
-    if parent_pid is not None:  # a pool worker: no orphan searching on after its driver is killed
-        from .data import exit_with_parent
-
-        exit_with_parent(parent_pid)
-
-    torch.set_num_threads(threads)
-    _WORKER_ENV = gym.make(env_id, **env_kwargs)
-
-
-def _search_task(args) -> dict:
-    task, config, out = args
-    result = search_schedule(_WORKER_ENV, task.pairs, task.budget, config, Path(out) / f"{task.name}.jsonl",
+def _search_task(env, job) -> dict:
+    """One search on a worker's env -> its result, as read back from JSON (the driver writes it)."""
+    task, config, out = job
+    result = search_schedule(env, task.pairs, task.budget, config, Path(out) / f"{task.name}.jsonl",
                              start=None if task.start is None else list(task.start))
-    return json.loads(json.dumps({"name": task.name, **result.to_dict(), "config": asdict(config)}))  # as read back
-
-
-def _run_task(args) -> dict:
-    data = _search_task(args)
-    atomic_write_text(Path(args[2]) / f"{data['name']}.json", json.dumps(data) + "\n")
-    return data
-
-
-def _actor_worker(env_id: str, env_kwargs: dict, threads: int):
-    """A Ray actor's search worker (`morca_env.executors`): its own env, then `_search_task` per job (the driver
-    writes each result, so none lands on a worker node's disk)."""
-    _init_worker(env_id, env_kwargs, threads)
-    return _search_task
+    return json.loads(json.dumps({"name": task.name, **result.to_dict(), "config": asdict(config)}))
 
 
 def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out: str | Path,
@@ -422,8 +369,6 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
 
     `executor`: a `morca_env.executors.RayExecutor` runs the searches on Ray actors and writes each
     result here as it comes back (an actor's evaluation log stays on its own node's disk)."""
-    import multiprocessing as mp
-
     from tqdm import tqdm
 
     out = Path(out)
@@ -442,30 +387,13 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
     kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
     bar = tqdm(total=len(tasks), initial=len(results), desc="schedule search", unit="search", disable=not progress)
     jobs = [(task, config, str(out)) for task in todo]
-    if executor is not None and jobs:
-        from .data import needs_gpu
-        from .executors import WorkerFailed
-
-        try:
-            for _, data in executor.map_unordered(_actor_worker, (env_id, kwargs, threads), jobs, workers=workers,
-                                                  threads=threads, gpus=1 if needs_gpu(env_id, kwargs) else 0):
-                atomic_write_text(out / f"{data['name']}.json", json.dumps(data) + "\n")
-                results[data["name"]] = data
-                bar.update()
-        except WorkerFailed as error:
-            raise RuntimeError(f"schedule search on {executor!r}: {error}; finished searches are kept in {out}: "
-                               "rerun to continue") from error
-    elif workers == 1 or len(todo) <= 1:
-        _init_worker(env_id, kwargs, threads)
-        for job in jobs:
-            data = _run_task(job)
+    try:
+        for data in map_on_envs(_search_task, jobs, env_id, kwargs, workers, threads, executor):
+            atomic_write_text(out / f"{data['name']}.json", json.dumps(data) + "\n")  # as it arrives: resumable
             results[data["name"]] = data
             bar.update()
-    else:
-        ctx = mp.get_context("fork" if threads == 1 else "spawn")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(env_id, kwargs, threads, os.getpid())) as pool:
-            for data in pool.imap_unordered(_run_task, jobs):
-                results[data["name"]] = data
-                bar.update()
+    except WorkerFailed as error:
+        raise RuntimeError(f"schedule search on {executor!r}: {error}; finished searches are kept in {out}: "
+                           "rerun to continue") from error
     bar.close()
     return [results[name] for name in names]

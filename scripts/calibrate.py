@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.calibrate import measure_calibration
-from morca_env.calibrate import calibration_file
+from morca_env.calibration_files import calibration_file
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
 from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages
@@ -54,8 +54,8 @@ def parse_args(argv=None):
 
 
 def calibrate_thresholds(args, kwargs) -> int:
-    from morca_env.calibrate import ThresholdMap
-    from morca_env.policies import SeaCacheThreshold
+    from morca_env.calibration_files import ThresholdMap
+    from morca_env.schedulers.seacache import SeaCacheThreshold
 
     env = gym.make(args.env, budget=0, enforce_budget=False, **kwargs).unwrapped
     rng = np.random.default_rng(0)

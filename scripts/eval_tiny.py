@@ -37,9 +37,11 @@ from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
 from morca_env.io import atomic_path
 from morca_env.metrics import to_uint8
 from morca_env.models import tiny
-from morca_env.models.tiny_data import prompt_following, tiny_prompt_suite
+from morca_env.models.tiny_data import prompt_following
+from morca_env.prompts import get_suite
 from morca_env.models.tiny_probe import direction_commit_sigmas, prompt_sensitivity
-from morca_env.policies import RandomFeasible, seacache_exact_schedule
+from morca_env.schedulers.fixed import RandomFeasible
+from morca_env.schedulers.seacache import exact_schedule
 from morca_env.video import write_video
 
 
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pipe = tiny.load_morca_tiny(directory=args.weights)
     den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
-    pairs = tiny_prompt_suite("tiny-eval").pairs()
+    pairs = get_suite("tiny-eval").pairs()
     metrics = args.out / "metrics.json"
     if args.following_only:
         report = json.loads(metrics.read_text()) if metrics.exists() else {}
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
         all_errors += errors.tolist()
         all_psnr += values.tolist()
         within.append(spearman(errors, values))
-        sea, _, _ = seacache_exact_schedule(den, "official", prompt, seed, spec, args.budget)
+        sea, _ = exact_schedule(den, "official", prompt, seed, spec, args.budget)
         sea_run = run_schedule(den, prompt, seed, spec.project_schedule(sea, args.budget), reference, probe=False)
         seacache_gain.append(float(min(sea_run.psnr, 100.0) - np.median(values)))
     spreads = np.array(spreads)

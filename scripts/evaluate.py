@@ -12,7 +12,7 @@ tuned on training prompts as the paper tunes it; its K varies per video),
 `best-fixed` (the best fixed schedule per K, fitted on training prompts by
 `scripts/fit_fixed_schedule.py`), `searched=<dir>` (the per-prompt oracle:
 schedules found by `scripts/search_schedules.py`, same K as the others only
-without --calibrate), any other name of `morca_env.policies.SCHEDULERS`,
+without --calibrate), any other name of `morca_env.schedulers.names()`,
 `morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`, and `<label>='{"name": <scheduler>, <option>: ...}'`
 (a scheduler with options under its own label, e.g. `acid-tea='{"name": "acid-exact", "rule": "teacache"}'`). Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there. Writes
@@ -53,12 +53,12 @@ import morca_env  # noqa: F401
 from morca_env.calibrate import fastest, measure_calibration, stock_seconds
 from morca_env.comparison import (equal_speedup_table, matched_label, paired_difference, pending_matched,
                                   same_k_table)
-from morca_env.data import needs_gpu
+from morca_env.workers import needs_gpu
 from morca_env.evaluation import (GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode,
                                   scheduler_step_cost, work_entry)
 from morca_env.executors import WorkerFailed, add_ray_arguments, executor_from_args
 from morca_env.governor import SpeedupGovernor
-from morca_env.calibrate import load_threshold_map
+from morca_env.calibration_files import load_threshold_map
 from morca_env.video import side_by_side, write_video
 from morca_env.threads import configure_threads
 from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup

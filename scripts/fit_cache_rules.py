@@ -4,9 +4,9 @@
     python scripts/fit_cache_rules.py --rules magcache --env MorcaTinyRandom-v0 --prompts tiny-train:2
 
 MagCache: per-step, per-branch residual-norm ratios of no-cache runs
-(`morca_env.rules.magcache.fit_ratios`). TeaCache: the degree-4 polynomial from
+(`morca_env.schedulers.rules.magcache.fit_ratios`). TeaCache: the degree-4 polynomial from
 the time embedding's relative L1 to the model output's, for the plain and the
-retention-step signal (`morca_env.rules.teacache.fit_coefficients`). Writes
+retention-step signal (`morca_env.schedulers.rules.teacache.fit_coefficients`). Writes
 `<model>_magcache.json` / `<model>_teacache.json` (`--save`: 'user', the user
 calibration directory; 'packaged', the copy shipped with the package; or a directory).
 """
@@ -26,9 +26,9 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.calibrate import calibration_file
+from morca_env.calibration_files import calibration_file
 from morca_env.prompts import get_suite
-from morca_env.rules import magcache, teacache
+from morca_env.schedulers.rules import magcache, teacache
 from morca_env.threads import configure_threads
 
 RULES = ("magcache", "teacache")

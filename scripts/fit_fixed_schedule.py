@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import morca_env  # noqa: F401
 from morca_env.io import atomic_write_text
-from morca_env.calibrate import calibration_file
+from morca_env.calibration_files import calibration_file
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import json_dict, nonnegative_int, positive_int

@@ -15,7 +15,6 @@ optimum is chaotic in the noise and no causal feature can predict it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,14 +25,13 @@ from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.threads import configure_threads
 
-def nudged_psnrs(job) -> tuple[int, float, list[float]]:
+def nudged_psnrs(env, job) -> tuple[int, float, list[float]]:
     """PSNR of each member on (prompt, seed) with the noise nudged by eps, against that run's own reference."""
-    from morca_env import search
     from morca_env.denoiser import StepwiseDenoiser
     from morca_env.metrics import to_uint8, video_metrics
 
     index, prompt, seed, eps, members = job
-    env = search._WORKER_ENV.unwrapped  # one env per worker process (`search._init_worker`)
+    env = env.unwrapped  # one env per worker process (`morca_env.workers`)
     den = StepwiseDenoiser(env.pipe, env.config, device=env.device)
     try:
         noise = den.start(prompt=prompt, seed=seed).clone()
@@ -101,16 +99,14 @@ def main(argv=None) -> int:
             done[row["run"], row["eps"]] = row["psnr"]
     jobs = [(b, prompt, int(seed), float(eps), members) for b, (prompt, seed) in enumerate(pairs)
             for eps in args.eps if (b, float(eps)) not in done]
-    import multiprocessing as mp
-
     from tqdm import tqdm
 
-    from morca_env.search import _init_worker
+    from morca_env.workers import map_on_envs
 
     kwargs = {"lpips": False, "latent_features": False, **args.env_kwargs}
-    with mp.get_context("fork").Pool(args.workers, initializer=_init_worker,
-                                     initargs=(args.env, kwargs, args.threads, os.getpid())) as pool, open(log, "a") as f:
-        for b, eps, psnrs in tqdm(pool.imap_unordered(nudged_psnrs, jobs), total=len(jobs), desc="nudged runs"):
+    with open(log, "a") as f:
+        results = map_on_envs(nudged_psnrs, jobs, args.env, kwargs, args.workers, args.threads)
+        for b, eps, psnrs in tqdm(results, total=len(jobs), desc="nudged runs"):
             done[b, eps] = psnrs
             f.write(json.dumps({"run": b, "eps": eps, "psnr": psnrs}) + "\n")
             f.flush()

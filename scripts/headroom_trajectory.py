@@ -27,7 +27,7 @@ import torch
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.policies import StaticSchedule
+from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.threads import configure_threads

@@ -24,7 +24,7 @@ import numpy as np
 
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
-from morca_env.policies import StaticSchedule, UniformInterval
+from morca_env.schedulers.fixed import StaticSchedule, UniformInterval
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many, transfer_matrix
 from morca_env.threads import configure_threads

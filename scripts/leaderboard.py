@@ -129,12 +129,12 @@ def run_job(job: dict, args) -> dict:
 
     torch.set_num_threads(1)
     import morca_env  # noqa: F401
-    from morca_env import benchmark, policies
+    from morca_env import benchmark, schedulers
 
     env = benchmark.make_env(ENV_ID)
     t0 = time.perf_counter()
     if job["family"] == "rule":
-        policy = policies.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] == "random" else {}))
+        policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] == "random" else {}))
         budget = "none (a fixed rule)"
     elif job["family"] == "offline":
         policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes), args.updates, job["seed"])

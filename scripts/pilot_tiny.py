@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from morca_env.models import tiny, tiny_data
+from morca_env.prompts import get_suite
 
 DIRECTION_WORLD = dict(colour="red", shape="circle", background="black", size="", speed="")
 
@@ -78,7 +79,7 @@ def sample_pairs(args) -> list[tuple[str, int]]:
     if args.world == "direction":
         scenes = tiny_data.all_scenes()
         return [(scenes[i % len(scenes)].prompt, 1000 + i) for i in range(args.samples)]
-    pairs = tiny_data.tiny_prompt_suite("tiny-eval").pairs()
+    pairs = get_suite("tiny-eval").pairs()
     return pairs[:: max(1, len(pairs) // args.samples)][: args.samples]
 
 

@@ -4,7 +4,7 @@ module calls them with its registry name. Not collected by itself (no test_ pref
 import torch
 
 import morca_env
-from morca_env import policies
+from morca_env import schedulers
 from morca_env.rollout import rollout
 
 
@@ -27,10 +27,10 @@ def check_exact_is_native(rule: str, env, free):
     """The exact form plays the native rule at the threshold it found: the same schedule, exactly K reuses.
     -> the exact policy (for rule-specific checks)."""
     options = {"prompt": "a red circle", "seed": 1, "budget": 4}
-    exact = policies.make(f"{rule}-exact", env)
+    exact = schedulers.make(f"{rule}-exact", env)
     trajectory = rollout(env, exact, options)
     assert exact.clipped is None and exact.last_threshold > 0
-    native = rollout(free, policies.make(rule, env, threshold=exact.last_threshold), options)
+    native = rollout(free, schedulers.make(rule, env, threshold=exact.last_threshold), options)
     assert native.schedule == trajectory.schedule and native.num_reuse == 4
     return exact
 
@@ -42,8 +42,8 @@ def check_forms_in_env(scheduler: str, env, free, **options) -> None:
 
     check_env(env.unwrapped, skip_render_check=True)
     for name in forms_of(scheduler):
-        policy = policies.make(name, env, **options)
-        exact = policies.needs_exact_budget(policy)
+        policy = schedulers.make(name, env, **options)
+        exact = schedulers.needs_exact_budget(policy)
         assert exact == (name == f"{scheduler}-exact")  # native and global spend their own K
         trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 1.8})
         assert trajectory.requested == trajectory.schedule  # feasible actions only
@@ -54,14 +54,14 @@ def check_forms_in_env(scheduler: str, env, free, **options) -> None:
 def check_global_tracks_the_target(rule: str, env, free) -> None:
     import pytest
 
-    policy = policies.make(f"{rule}-global", env)
+    policy = schedulers.make(f"{rule}-global", env)
     reuses = [rollout(free, policy, {"prompt": "a red circle", "seed": 1, "speedup": s}).num_reuse
               for s in (1.3, 1.8, 2.5)]
     assert reuses == sorted(reuses) and reuses[0] < reuses[-1]
     with pytest.raises(ValueError, match="needs a target speedup"):
         rollout(free, policy, {"prompt": "a red circle", "seed": 1, "budget": 6})
     given = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # a recipe's JSON map is used as given
-    policy = policies.make(f"{rule}-global", env, threshold_map=given)
+    policy = schedulers.make(f"{rule}-global", env, threshold_map=given)
     rollout(free, policy, {"prompt": "a red circle", "seed": 1, "speedup": 2.0})
     assert policy.threshold == pytest.approx(0.1)  # halfway in log threshold
 
@@ -72,9 +72,9 @@ def check_recipe_and_evaluate(rule: str, env, free) -> None:
 
     for name in forms_of(rule):
         behaviour = make_behavior({"name": name}, env, seed=0)
-        assert type(behaviour) is type(policies.make(name, env))
+        assert type(behaviour) is type(schedulers.make(name, env))
         policy, runs_in = load_method(name, None, env, free)
-        assert runs_in is (env if policies.needs_exact_budget(policy) else free)
+        assert runs_in is (env if schedulers.needs_exact_budget(policy) else free)
 
 
 def check_accelerate(scheduler: str, kind: str, **options) -> None:
@@ -90,7 +90,7 @@ def check_accelerate(scheduler: str, kind: str, **options) -> None:
     spec = morca_env.wan_structure.budget_spec(pipe, 12)
     assert len(spec.forced) == (3 if kind == "wan22" else 2)  # first, last (and the expert switch)
     for name in forms_of(scheduler):
-        policy = policies.make(name, pipe=pipe, calibration=calibration, **options)
+        policy = schedulers.make(name, pipe=pipe, calibration=calibration, **options)
         result = morca_env.accelerate(pipe, policy, speedup=2.0, calibration=calibration,
                                       generator=torch.Generator().manual_seed(0), **call)
         assert sum(result.schedule) == calibration.budget_for_speedup(2.0) and result.num_projected == 0

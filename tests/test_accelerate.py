@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import morca_env
-from morca_env.policies import RandomFeasible, SeaCacheThreshold, UniformInterval
+from morca_env.schedulers.fixed import RandomFeasible, UniformInterval
+from morca_env.schedulers.seacache import SeaCacheThreshold
 from tests.conftest import make_pipe, prompt_embeds
 
 CALL = dict(height=32, width=32, num_frames=9, num_inference_steps=12, output_type="latent", guidance_scale=5.0)

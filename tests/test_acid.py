@@ -3,11 +3,11 @@ form in the env, a collection recipe, evaluate.py and accelerate."""
 
 import pytest
 
-from morca_env import policies
-from morca_env.rules import forms, runtime
-from morca_env.rules.acid import Acid
-from morca_env.rules.dicache import DiCache
-from morca_env.rules.first_block_cache import FirstBlockCache
+from morca_env import schedulers
+from morca_env.schedulers.rules import forms, runtime
+from morca_env.schedulers.rules.acid import Acid
+from morca_env.schedulers.rules.dicache import DiCache
+from morca_env.schedulers.rules.first_block_cache import FirstBlockCache
 
 
 def decisions(rule, threshold, trace):
@@ -42,22 +42,22 @@ def test_wraps_first_block_cache_keeping_its_strictness():
 def test_bad_settings_say_what_is_valid():
     with pytest.raises(ValueError, match="rule='seacache'; valid: dicache, easycache, first-block-cache, magcache, "
                                          "sencache, teacache"):
-        policies.make("acid", rule="seacache")
+        schedulers.make("acid", rule="seacache")
     with pytest.raises(TypeError, match=r"unexpected options \['iterations'\]: ACID over 'teacache' plays a fixed mask"):
-        policies.make("acid-exact", rule="teacache", iterations=3)
+        schedulers.make("acid-exact", rule="teacache", iterations=3)
     with pytest.raises(ValueError, match=r"ratio=0 must be a number in \(0, 1\]"):
         Acid(DiCache(), ratio=0)
     with pytest.raises(ValueError, match="kappa=-1 must be a number > 0"):
         Acid(DiCache(), kappa=-1)
-    assert policies.make("acid", rule="easycache", rule_options={"warmup": 0.1}).rule.inner.warmup == 0.1
+    assert schedulers.make("acid", rule="easycache", rule_options={"warmup": 0.1}).rule.inner.warmup == 0.1
 
 
 def test_acid_wraps_sencache_through_its_predicted_error():
     """SenCache's gate exposes its predicted error as the drift ACID reads."""
-    from morca_env.rules import forms, runtime
-    from morca_env.rules.sencache import SenCache
+    from morca_env.schedulers.rules import forms, runtime
+    from morca_env.schedulers.rules.sencache import SenCache
 
-    assert policies.make("acid", rule="sencache").rule.inner.name == "sencache"
+    assert schedulers.make("acid", rule="sencache").rule.inner.name == "sencache"
     inputs = [10, 9, 8.8, 8.1, 8.0, 7.9, 7.8, 7.7]
     signal = runtime.TraceSignal(inputs=[[x] for x in inputs], timesteps=[0.5] * 8,
                                  outputs=[[1.0 + i] for i in range(8)])
@@ -82,8 +82,8 @@ def test_wraps_teacache_through_its_increments():
     p(x_i), not the accumulated value; tau .1, low .05, kappa 1. 1: .03 reuse (A .03); 2: .01, rate .67 -> A .04
     reuse; 3: .025, rate 1.5: critical, A .065 >= .05 -> compute (TeaCache alone: .065 < .1, reuse; the accumulated
     value's rate, .625, is not critical); 4: .01, rate .6 -> A .01 reuse; 5: .012 -> A .022 reuse; 6: forced."""
-    from morca_env.rules.acid import AcidMask, acid
-    from morca_env.rules.teacache import TeaCache
+    from morca_env.schedulers.rules.acid import AcidMask, acid
+    from morca_env.schedulers.rules.teacache import TeaCache
 
     distances = [0.0, 0.03, 0.01, 0.025, 0.01, 0.012, 0.0]
     identity = [0, 0, 0, 1, 0]
@@ -98,8 +98,8 @@ def test_wraps_magcache_through_its_error_increments():
     reuse; 2: rho .9801, drift .0199 (rate .99) -> E .0299 reuse; 3: rho .88209, drift .11791 (rate 4.9): critical,
     E .14781 >= .1 -> compute (MagCache alone: < .2, reuse); 4: restarts, rho .99, E .01 reuse (MagCache alone:
     E .27454 >= .2 -> compute)."""
-    from morca_env.rules.acid import acid
-    from morca_env.rules.magcache import MagCache
+    from morca_env.schedulers.rules.acid import acid
+    from morca_env.schedulers.rules.magcache import MagCache
 
     cond = [1.0, 0.99, 0.99, 0.9, 0.99, 0.99, 0.99]
     ratios = [r for pair in zip(cond, cond) for r in pair]  # interleaved cond / uncond
@@ -113,7 +113,7 @@ def test_acid_over_mask_rules_runs_every_form_in_the_env(inner, tmp_path):
 
     env, free = rule_forms.make_envs(tmp_path)
     rule_forms.check_forms_in_env("acid", env, free, rule=inner)
-    assert policies.make("acid-exact", env, rule=inner).rule.inner.name == inner
+    assert schedulers.make("acid-exact", env, rule=inner).rule.inner.name == inner
 
 
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])

@@ -326,16 +326,16 @@ def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
     import morca_env  # noqa: F401
     from agents import MorcaEnsemble
     from agents.checkpoint import save_learnable
-    from morca_env import policies
+    from morca_env import schedulers
 
     paths = [str(save_learnable(_scalar_algo(seed), tmp_path / f"s{seed}.d3")) for seed in range(2)]
-    assert isinstance(policies.make("morca", path=paths[0]), MorcaPolicy)
-    ensemble = policies.make("morca", path=",".join(paths))
+    assert isinstance(schedulers.make("morca", path=paths[0]), MorcaPolicy)
+    ensemble = schedulers.make("morca", path=",".join(paths))
     assert isinstance(ensemble, MorcaEnsemble) and len(ensemble.members) == 2
-    assert len(policies.make("morca", path=paths).members) == 2
-    assert policies.checkpoint_paths(f"{paths[0]}, {paths[1]}") == paths
+    assert len(schedulers.make("morca", path=paths).members) == 2
+    assert schedulers.checkpoint_paths(f"{paths[0]}, {paths[1]}") == paths
     with pytest.raises(ValueError, match="separated by commas"):
-        policies.make("morca", path=paths[0] + ",")
+        schedulers.make("morca", path=paths[0] + ",")
     env = gym.make("MorcaTinyRandom-v0", budget=5, num_inference_steps=10, lpips=False, latent_features=False,
                    reference_cache_dir=str(tmp_path))
     assert play_feasible_episode(env, ensemble, seed=0)["num_reuse"] == 5

@@ -14,7 +14,7 @@ import torch
 import morca_env
 from morca_env.data import collect_dataset
 from morca_env.env import MorcaEnv
-from morca_env.policies import UniformInterval
+from morca_env.schedulers.fixed import UniformInterval
 from tests.conftest import make_pipe, prompt_embeds
 
 ROOT = Path(__file__).resolve().parents[1]

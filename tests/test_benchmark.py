@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import morca_env  # noqa: F401
-from morca_env import benchmark, policies
+from morca_env import benchmark, schedulers
 from morca_env.prompts import get_suite
 
 TEST_ENV = "MorcaTinyRandom-v0"  # the protocol check's suite: 4 pairs x 2 targets at 10 steps
@@ -18,16 +18,16 @@ TEST_ENV = "MorcaTinyRandom-v0"  # the protocol check's suite: 4 pairs x 2 targe
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     env = benchmark.make_env(TEST_ENV, reference_cache_dir=str(tmp_path_factory.mktemp("refs")))
-    refs = benchmark.measure_references(TEST_ENV, env=env, best_fixed=policies.make("uniform", env), progress=False)
+    refs = benchmark.measure_references(TEST_ENV, env=env, best_fixed=schedulers.make("uniform", env), progress=False)
     yield env, refs
     env.close()
 
 
 def test_the_references_score_0_and_100_and_every_method_plays_their_k(setup):
     env, refs = setup
-    random_again = benchmark.evaluate(policies.make("random", env, seed=0), TEST_ENV, env=env, references=refs,
+    random_again = benchmark.evaluate(schedulers.make("random", env, seed=0), TEST_ENV, env=env, references=refs,
                                       progress=False)
-    uniform = benchmark.evaluate(policies.make("uniform", env), TEST_ENV, env=env, references=refs, progress=False)
+    uniform = benchmark.evaluate(schedulers.make("uniform", env), TEST_ENV, env=env, references=refs, progress=False)
     for target, entry in refs["targets"].items():
         assert entry["random"]["mean_psnr"] < entry["best-fixed"]["mean_psnr"]
     for s in random_again.scores.values():
@@ -56,7 +56,7 @@ def test_stale_references_and_an_unbounded_env_are_refused(setup, tmp_path):
     stale = copy.deepcopy(refs)
     stale["targets"]["3"]["k"][1] += 1
     with pytest.raises(RuntimeError, match=r"measured at K=\d+ for target 3, pair 1; this env gives K=\d+"):
-        benchmark.evaluate(policies.make("uniform", env), TEST_ENV, env=env, references=stale, progress=False)
+        benchmark.evaluate(schedulers.make("uniform", env), TEST_ENV, env=env, references=stale, progress=False)
     other_suite = {**refs, "suite": "tiny-eval[:5]"}
     with pytest.raises(ValueError, match=r"references are for 'MorcaTinyRandom-v0' on 'tiny-eval\[:5\]'"):
         benchmark.evaluate(lambda obs: 0, TEST_ENV, env=env, references=other_suite, progress=False)
@@ -109,10 +109,10 @@ def test_the_shipped_references_replay(tmp_path):
     refs = benchmark.load_references("MorcaTiny-v0")
     env = benchmark.make_env("MorcaTiny-v0", reference_cache_dir=str(tmp_path))
     suite = benchmark.suite_of("MorcaTiny-v0")
-    rows = benchmark.play(policies.make("best-fixed", env), env, benchmark.Suite(
+    rows = benchmark.play(schedulers.make("best-fixed", env), env, benchmark.Suite(
         suite.env_id, "tiny-eval[5:6]", (3.0,), suite.env_kwargs), progress=False)
     assert rows[0]["psnr"] == pytest.approx(refs["targets"]["3"]["best-fixed"]["psnr"][1], abs=0.05)
-    rows = benchmark.play(policies.make("random", env, seed=0), env, benchmark.Suite(
+    rows = benchmark.play(schedulers.make("random", env, seed=0), env, benchmark.Suite(
         suite.env_id, "tiny-eval[0:1]", (2.0,), suite.env_kwargs), progress=False)
     assert rows[0]["psnr"] == pytest.approx(refs["targets"]["2"]["random"]["psnr"][0], abs=0.05)
     env.close()

@@ -54,7 +54,7 @@ def test_measure_calibration_times_each_point_as_the_fastest_of_r_runs(tmp_path)
 
 def test_calibration_files_are_written_where_asked_and_found_user_first(tmp_path, monkeypatch):
     """One home for calibration files: the user's copy (under the cache root) wins over the packaged one."""
-    from morca_env.calibrate import calibration_file, find_calibration_file, load_calibration, packaged_calibration_path
+    from morca_env.calibration_files import calibration_file, find_calibration_file, load_calibration, packaged_calibration_path
 
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
     user = calibration_file("tiny.json")

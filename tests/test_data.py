@@ -189,11 +189,11 @@ def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, mo
     prints the card (recipe, behaviour, env kwargs, K histogram, mean PSNR)."""
     import minari
 
-    from morca_env import benchmark, policies
+    from morca_env import benchmark, schedulers
 
     suite = benchmark.suite_of("MorcaTinyRandom-v0")
     env = benchmark.make_env("MorcaTinyRandom-v0")
-    refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=policies.make("uniform", env),
+    refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=schedulers.make("uniform", env),
                                         progress=False)
     env.close()
     monkeypatch.setattr(benchmark, "packaged_references", lambda: {"MorcaTinyRandom-v0": refs})

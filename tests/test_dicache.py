@@ -4,10 +4,10 @@ in the env, a collection recipe, evaluate.py and accelerate."""
 import pytest
 import torch
 
-from morca_env import policies
+from morca_env import schedulers
 from morca_env.rollout import rollout
-from morca_env.rules import forms, runtime
-from morca_env.rules.dicache import DiCache
+from morca_env.schedulers.rules import forms, runtime
+from morca_env.schedulers.rules.dicache import DiCache
 from tests import rule_forms
 
 
@@ -65,7 +65,7 @@ def test_bad_settings_say_what_is_valid():
     with pytest.raises(ValueError, match=r"retention \(R\)=2 must be a number in \[0, 1\]"):
         DiCache(2)
     with pytest.raises(ValueError, match="threshold=-0.08 must be a finite number >= 0"):
-        policies.make("dicache", threshold=-0.08)
+        schedulers.make("dicache", threshold=-0.08)
     with pytest.raises(ValueError, match="kind='input'; valid"):
         runtime.HeadSignal(None, "cond", kind="input")
 
@@ -108,9 +108,9 @@ BUDGET = 6  # attainable by a threshold for this prompt on the random tiny model
 
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     env, free = envs
-    exact = policies.make("dicache-exact", env)
+    exact = schedulers.make("dicache-exact", env)
     trajectory = rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": BUDGET})
     assert exact.clipped is None and exact.last_threshold > 0
-    native = rollout(free, policies.make("dicache", env, threshold=exact.last_threshold),
+    native = rollout(free, schedulers.make("dicache", env, threshold=exact.last_threshold),
                      {"prompt": "a red circle", "seed": 1, "budget": BUDGET})
     assert native.schedule == trajectory.schedule

@@ -4,9 +4,9 @@ form in the env, a collection recipe, evaluate.py and accelerate."""
 import pytest
 import torch
 
-from morca_env import policies
-from morca_env.rules import forms, runtime
-from morca_env.rules.easycache import EasyCache
+from morca_env import schedulers
+from morca_env.schedulers.rules import forms, runtime
+from morca_env.schedulers.rules.easycache import EasyCache
 from tests import rule_forms
 
 
@@ -67,9 +67,9 @@ def test_bad_settings_say_what_is_valid():
     with pytest.raises(ValueError, match=r"warmup=1.5 must be a fraction of the steps in \[0, 1\]"):
         EasyCache(1.5)
     with pytest.raises(ValueError, match="setting='4x'; valid: default, 2x, 3x"):
-        policies.make("easycache", setting="4x")
+        schedulers.make("easycache", setting="4x")
     with pytest.raises(ValueError, match="threshold=-1 must be a finite number >= 0"):
-        policies.make("easycache", threshold=-1)
+        schedulers.make("easycache", threshold=-1)
 
 
 def test_signal_is_what_the_run_computes(wan21_pipe):

@@ -66,7 +66,7 @@ def test_without_the_extras_an_episode_runs_and_agents_name_their_extra(tmp_path
         import warnings
         import torch; torch.set_num_threads(1)
         import gymnasium as gym
-        import morca_env, morca_env.data, morca_env.policies
+        import morca_env, morca_env.data, morca_env.schedulers
         from morca_env.extras import MissingExtra
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -78,7 +78,7 @@ def test_without_the_extras_an_episode_runs_and_agents_name_their_extra(tmp_path
             obs, reward, done, _, info = env.step(1)
         assert info["num_reuse"] == 2 and reward > 0
         for call in ("import agents", "morca_env.data.to_replay_buffer([])",
-                     "morca_env.policies.make('morca', env, path='x.d3')"):
+                     "morca_env.schedulers.make('morca', env, path='x.d3')"):
             try:
                 exec(call)
             except MissingExtra as error:

@@ -4,9 +4,9 @@ tiny Wan, the block-0 probe and its cost, and every form in the env, a collectio
 import pytest
 import torch
 
-from morca_env import policies
-from morca_env.rules import forms, runtime
-from morca_env.rules.first_block_cache import FirstBlockCache
+from morca_env import schedulers
+from morca_env.schedulers.rules import forms, runtime
+from morca_env.schedulers.rules.first_block_cache import FirstBlockCache
 from tests import rule_forms
 
 
@@ -76,13 +76,13 @@ def test_bad_settings_say_what_is_valid():
     with pytest.raises(ValueError, match="convention='exact'; valid"):
         FirstBlockCache("exact")
     with pytest.raises(ValueError, match="threshold=-0.1 must be a finite number >= 0"):
-        policies.make("first-block-cache", threshold=-0.1)
+        schedulers.make("first-block-cache", threshold=-0.1)
     with pytest.raises(ValueError, match="fit_prompts=0 must be a positive integer"):
-        policies.make("first-block-cache-global", fit_prompts=0)
+        schedulers.make("first-block-cache-global", fit_prompts=0)
     with pytest.raises(ValueError, match="must hold >= 2 increasing positive thresholds"):
-        policies.make("first-block-cache-global", grid=[0.1, 0.01])
+        schedulers.make("first-block-cache-global", grid=[0.1, 0.01])
     with pytest.raises(ValueError, match="iterations=0 must be a positive integer"):
-        policies.make("first-block-cache-exact", iterations=0)
+        schedulers.make("first-block-cache-exact", iterations=0)
     with pytest.raises(ValueError, match="decides from the run's own signals"):
         rule_for(3).gates(0.1)
 
@@ -213,13 +213,13 @@ def test_under_accelerate_the_exact_form_replays_the_call_itself(wan21_pipe):
     call = dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
                 num_inference_steps=6, output_type="latent", guidance_scale=5.0)
     stock = wan21_pipe(generator=torch.Generator().manual_seed(0), **call).frames
-    policy = policies.make("first-block-cache-exact", pipe=wan21_pipe)
+    policy = schedulers.make("first-block-cache-exact", pipe=wan21_pipe)
     result = morca_env.accelerate(wan21_pipe, policy, budget=0, generator=torch.Generator().manual_seed(0), **call)
     assert torch.equal(result.output.frames, stock) and policy.replays == 0
     result = morca_env.accelerate(wan21_pipe, policy, budget=2, generator=torch.Generator().manual_seed(0), **call)
     assert policy.replays > 0 and result.num_projected == 0 and sum(result.schedule) == 2
     with pytest.raises(ValueError, match="needs a threshold_map"):
-        morca_env.accelerate(wan21_pipe, policies.make("first-block-cache-global", pipe=wan21_pipe), speedup=1.5,
+        morca_env.accelerate(wan21_pipe, schedulers.make("first-block-cache-global", pipe=wan21_pipe), speedup=1.5,
                              calibration=morca_env.SpeedupCalibration(alpha=6.0, beta=6.0, max_budget=4), **call)
     with pytest.raises(ValueError, match="searches its threshold on replays"):
-        policies.make("first-block-cache-exact").reset(None, {"num_steps": 6, "forced_steps": [0, 5], "budget": 2})
+        schedulers.make("first-block-cache-exact").reset(None, {"num_steps": 6, "forced_steps": [0, 5], "budget": 2})

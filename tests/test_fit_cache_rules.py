@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from morca_env.rules import magcache, teacache
+from morca_env.schedulers.rules import magcache, teacache
 
 ROOT = Path(__file__).resolve().parents[1]
 

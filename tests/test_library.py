@@ -11,8 +11,10 @@ from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.denoiser import StepwiseDenoiser
 from morca_env.library import (FEATURE_NAMES, RidgeSelector, cross_validated_choice, greedy_library, play_on_runs,
                                realised, switch_features)
-from morca_env.policies import UniformInterval, adjust_reuses
-from morca_env.search import SearchConfig, SearchTask, play_schedule, propose, search_many
+from morca_env.schedulers.fixed import UniformInterval
+from morca_env.schedulers.schedule import adjust_reuses
+from morca_env.schedulers.schedule import propose
+from morca_env.search import SearchConfig, SearchTask, play_schedule, search_many
 
 KWARGS = {"budget": 8, "num_inference_steps": 20, "r_max": 200}
 
@@ -173,7 +175,7 @@ def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp
     import sys
     from pathlib import Path
 
-    from morca_env import policies
+    from morca_env import schedulers
     from morca_env.rollout import rollout
 
     root = Path(__file__).resolve().parents[1]
@@ -196,7 +198,7 @@ def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp
     assert len(data["label"]["rewards"]) == 10 and data["members"][0] == "best-fixed"
     library = json.loads(saved.read_text())["libraries"]["4"]
     assert all(m[:3] == library["members"][0][:3] and sum(m) == 4 for m in library["members"])
-    policy = policies.make("library", env, path=str(saved))
+    policy = schedulers.make("library", env, path=str(saved))
     played = rollout(env, policy, {"prompt": "a red circle", "seed": 3, "budget": 4})
     assert played.schedule == library["members"][policy.last_choice]
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import morca_env
-from morca_env import policies
-from morca_env.rules import forms, magcache
-from morca_env.rules.magcache import MagCache
+from morca_env import schedulers
+from morca_env.schedulers.rules import forms, magcache
+from morca_env.schedulers.rules.magcache import MagCache
 from morca_env.rollout import rollout
 from tests import rule_forms
 
@@ -109,7 +109,7 @@ def test_ratios_are_resampled_per_branch_by_nearest_index():
     with pytest.raises(ValueError, match="max_skip"):
         MagCache(max_skip=-1)
     with pytest.raises(ValueError, match="setting='turbo'; valid: slow, fast"):
-        policies.make("magcache", setting="turbo")
+        schedulers.make("magcache", setting="turbo")
 
 
 def _diffusers_decisions(pipe, ratios, threshold, max_skip, retention, steps):
@@ -160,17 +160,17 @@ def test_every_form_runs_in_the_env_at_exact_k(envs):
 
 def test_exact_form_is_the_native_rule_at_the_found_threshold(envs):
     env, free = envs
-    exact = policies.make("magcache-exact", env)
+    exact = schedulers.make("magcache-exact", env)
     rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": 9})
     assert exact.clipped is None and exact.last_threshold > 0
-    native = rollout(free, policies.make("magcache", env, delta=exact.last_threshold, setting="morca-3.0x"),
+    native = rollout(free, schedulers.make("magcache", env, delta=exact.last_threshold, setting="morca-3.0x"),
                      {"prompt": "a red circle", "seed": 1, "budget": 9})
     assert native.num_reuse == 9 and native.schedule == exact.schedule
 
 
 def test_exact_budget_reports_clipping(envs):
     env, _ = envs
-    policy = policies.make("magcache-exact", env, max_skip=1)  # at most every other step after retention
+    policy = schedulers.make("magcache-exact", env, max_skip=1)  # at most every other step after retention
     with pytest.warns(UserWarning, match="no threshold gives exactly K=14"):
         trajectory = rollout(env, policy, {"prompt": "a red circle", "seed": 1, "budget": 14})
     reached, wanted = policy.clipped

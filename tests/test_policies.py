@@ -4,8 +4,10 @@ import pytest
 
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
-from morca_env.calibrate import ThresholdMap
-from morca_env.policies import RandomFeasible, SeaCacheExactBudget, SeaCacheThreshold, UniformInterval
+from morca_env.calibration_files import ThresholdMap
+from morca_env.schedulers.fixed import RandomFeasible, UniformInterval
+from morca_env.schedulers import make
+from morca_env.schedulers.seacache import SeaCacheThreshold
 
 
 def play(env, policy, seed=0, options=None):
@@ -45,9 +47,9 @@ def test_rule_policies_respect_the_mask(env, policy):
 
 
 def test_seacache_exact_budget_finds_the_threshold(env):
-    policy = SeaCacheExactBudget(env)
+    policy = make("seacache-exact", env)
     info = play(env, policy)
-    threshold_info = play(env, SeaCacheThreshold(policy.last_delta))
+    threshold_info = play(env, SeaCacheThreshold(policy.last_threshold))
     assert info["schedule"] == threshold_info["schedule"]  # the same threshold, replayed through the env
     assert sum(info["schedule"]) == 8
     policy.close()

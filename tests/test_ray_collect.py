@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import morca_env.data as data
+import morca_env.workers as workers
 from morca_env.data import collect_dataset, completed_indices, read_episode, staging_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,9 +164,9 @@ def test_more_workers_than_the_runtime_can_hold_is_refused_naming_the_range(ray_
 
 
 def test_wan_envs_ask_for_a_gpu_per_worker_and_morca_tiny_does_not():
-    assert data.needs_gpu("MorcaWan21-v0", {}) and data.needs_gpu("MorcaWan22-v0", {"device": "cuda"})
-    assert not data.needs_gpu("MorcaWan21-v0", {"device": "cpu"})
-    assert not data.needs_gpu("MorcaTiny-v0", {}) and not data.needs_gpu("MorcaTinyRandom-v0", {})
+    assert workers.needs_gpu("MorcaWan21-v0", {}) and workers.needs_gpu("MorcaWan22-v0", {"device": "cuda"})
+    assert not workers.needs_gpu("MorcaWan21-v0", {"device": "cpu"})
+    assert not workers.needs_gpu("MorcaTiny-v0", {}) and not workers.needs_gpu("MorcaTinyRandom-v0", {})
 
 
 @pytest.mark.slow

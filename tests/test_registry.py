@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import morca_env  # noqa: F401
-from morca_env import policies
+from morca_env import schedulers
 from morca_env.data import make_behavior
 from morca_env.observation import OBS_KEYS, SCALAR_NAMES, Scalar, as_flat, as_tuple, observation_space, step_of
 from morca_env.rollout import rollout
@@ -25,11 +25,11 @@ def envs(tmp_path):
     return env, free
 
 
-@pytest.mark.parametrize("name", [n for n in policies.SCHEDULERS if n not in NEEDS_FILES])
+@pytest.mark.parametrize("name", [n for n in schedulers.names() if n not in NEEDS_FILES])
 def test_every_rule_runs_by_name_at_exact_k(name, envs):
     env, free = envs
-    policy = policies.make(name, env, **KWARGS.get(name, {}))
-    exact = policies.needs_exact_budget(policy)
+    policy = schedulers.make(name, env, **KWARGS.get(name, {}))
+    exact = schedulers.needs_exact_budget(policy)
     target = {"budget": 6} if name == "fixed" else {"speedup": 1.8}  # a fixed schedule has its own K
     trajectory = rollout(env if exact else free, policy, {"prompt": "a red circle", "seed": 1, **target})
     assert not any(trajectory.requested[i] != trajectory.actions[i] for i in range(len(trajectory.actions)))
@@ -39,19 +39,19 @@ def test_every_rule_runs_by_name_at_exact_k(name, envs):
 
 def test_unknown_names_and_bad_options_say_what_is_valid(envs):
     with pytest.raises(ValueError, match="unknown scheduler 'seacash'.*seacache-exact"):
-        policies.make("seacash")
+        schedulers.make("seacash")
     with pytest.raises(TypeError, match="scheduler 'uniform'"):
-        policies.make("uniform", delta=0.3)
+        schedulers.make("uniform", delta=0.3)
     with pytest.raises(ValueError, match="pass env="):
-        policies.make("seacache-global")
+        schedulers.make("seacache-global")
     with pytest.raises(ValueError, match="needs a checkpoint"):
-        policies.make("morca")
-    assert isinstance(policies.make("behaviour", envs[0], seed=1), policies.ThresholdCurve)
+        schedulers.make("morca")
+    assert isinstance(schedulers.make("behaviour", envs[0], seed=1), schedulers.behaviour.ThresholdCurve)
 
 
 def test_collection_recipes_take_registry_names(envs):
     env, _ = envs
-    assert isinstance(make_behavior({"name": "seacache", "delta": 0.2}, env, seed=0), policies.SeaCacheThreshold)
+    assert isinstance(make_behavior({"name": "seacache", "delta": 0.2}, env, seed=0), schedulers.seacache.SeaCacheThreshold)
     a = make_behavior({"name": "random"}, env, seed=5)
     b = make_behavior({"name": "random"}, env, seed=5)
     spec = env.unwrapped.budget_spec
@@ -101,16 +101,16 @@ def test_mixture_draws_each_component_by_weight_and_replays_stored_schedules(env
     entries.write_text(json.dumps([{"prompt": "a blue square", "seed": 7, "schedule": schedule}]))
     components = [{"name": "jittered-uniform", "weight": 3, "moves": 2}, {"name": "replay", "weight": 1,
                                                                           "path": str(entries)}]
-    names = [policies.make("mixture", env, components=components, seed=s).name for s in range(400)]
+    names = [schedulers.make("mixture", env, components=components, seed=s).name for s in range(400)]
     assert 0.2 < names.count("replay") / len(names) < 0.3  # weight 1 of 4
-    replay = next(policies.make("mixture", env, components=components, seed=s) for s in range(400)
+    replay = next(schedulers.make("mixture", env, components=components, seed=s) for s in range(400)
                   if names[s] == "replay")
     options = replay.episode_options(0)
     assert options == {"prompt": "a blue square", "seed": 7, "budget": 2}
     assert rollout(env, replay, options).schedule == schedule
-    jitter = policies.make("jittered-uniform", env, moves=3, seed=0)
+    jitter = schedulers.make("jittered-uniform", env, moves=3, seed=0)
     played = rollout(env, jitter, {"prompt": "a red circle", "seed": 0, "budget": 6})
-    uniform = policies.UniformInterval().plan(env.unwrapped.budget_spec, 6)
+    uniform = schedulers.fixed.UniformInterval().plan(env.unwrapped.budget_spec, 6)
     assert played.num_reuse == 6 and played.schedule != uniform
     assert sum(a != b for a, b in zip(played.schedule, uniform)) <= 2 * 3  # 3 near swaps move at most 6 steps
 
@@ -123,12 +123,12 @@ def test_jittered_best_fixed_moves_the_fitted_schedule_a_little(envs, tmp_path):
     fitted = [0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # 5 reuses, far from uniform
     path = tmp_path / "fixed.json"
     path.write_text(json.dumps({"schedules": {"5": fitted}}))
-    assert policies.make("jittered-best-fixed", env, path=str(path), moves=0).plan(spec, 5) == fitted
+    assert schedulers.make("jittered-best-fixed", env, path=str(path), moves=0).plan(spec, 5) == fitted
     for seed in range(5):
-        moved = policies.make("jittered-best-fixed", env, path=str(path), moves=1, seed=seed).plan(spec, 5)
+        moved = schedulers.make("jittered-best-fixed", env, path=str(path), moves=1, seed=seed).plan(spec, 5)
         changed = [i for i, (a, b) in enumerate(zip(moved, fitted)) if a != b]
         assert sum(moved) == 5 and len(changed) == 2 and changed[1] - changed[0] <= 2  # one near swap
     with pytest.raises(ValueError, match="max_shift=0"):
-        policies.make("jittered-best-fixed", env, path=str(path), max_shift=0)
+        schedulers.make("jittered-best-fixed", env, path=str(path), max_shift=0)
     with pytest.raises(ValueError, match="weights"):
-        policies.make("mixture", env, components=[{"name": "uniform", "weight": -1}])
+        schedulers.make("mixture", env, components=[{"name": "uniform", "weight": -1}])

@@ -11,7 +11,7 @@ import torch
 
 import morca_env
 from morca_env.io import atomic_write_text
-from morca_env.policies import UniformInterval
+from morca_env.schedulers.fixed import UniformInterval
 from morca_env.references import ReferenceCache
 from tests.conftest import make_pipe, prompt_embeds
 

@@ -10,10 +10,10 @@ from tests import rule_forms
 
 def runtime_rules() -> tuple[str, ...]:
     """Every rule module whose rule reads run-time signals, found in the registry (a new rule needs no entry here)."""
-    from morca_env import policies
-    from morca_env.rules.runtime import RuntimeRule
+    from morca_env import schedulers
+    from morca_env.schedulers.rules.runtime import RuntimeRule
 
-    return tuple(name for name in policies.rule_names() if isinstance(policies.make(name).rule, RuntimeRule))
+    return tuple(name for name in schedulers.rule_names() if isinstance(schedulers.make(name).rule, RuntimeRule))
 
 
 RUNTIME_RULES = runtime_rules()
@@ -56,7 +56,7 @@ def test_every_form_runs_under_accelerate(rule, kind):
 
 def test_threshold_search_plays_no_schedule_it_does_not_need():
     """Each schedule played by a run-time rule's exact form is a generation: once a threshold gives K, stop."""
-    from morca_env.rules import forms
+    from morca_env.schedulers.rules import forms
 
     played = []
 

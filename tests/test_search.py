@@ -9,10 +9,11 @@ import torch
 
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.policies import FixedSchedule, SearchedSchedules, StaticSchedule, UniformInterval
+from morca_env.schedulers.fixed import FixedSchedule, SearchedSchedules, StaticSchedule, UniformInterval
 from morca_env.rollout import rollout
-from morca_env.search import (EvaluationLog, SearchConfig, SearchTask, hill_climb, play_schedule, propose,
-                              schedule_key, search_many, search_schedule, transfer_matrix)
+from morca_env.schedulers.schedule import propose, schedule_key
+from morca_env.search import (EvaluationLog, SearchConfig, SearchTask, hill_climb, play_schedule, search_many,
+                              search_schedule, transfer_matrix)
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ def test_static_schedule_serves_every_k_from_its_fitted_ones():
 
 
 def test_packaged_best_fixed_schedule_loads_for_morca_tiny():
-    policy = morca_env.policies.make("best-fixed", gym.make("MorcaTiny-v0", lpips=False, latent_features=False))
+    policy = morca_env.schedulers.make("best-fixed", gym.make("MorcaTiny-v0", lpips=False, latent_features=False))
     assert policy.schedules and all(sum(v) == k for k, v in policy.schedules.items())
 
 

@@ -3,9 +3,9 @@ what the run computes, and its exact form; the forms' shared checks are in test_
 
 import pytest
 
-from morca_env import policies
-from morca_env.rules import forms, runtime
-from morca_env.rules.sencache import SenCache, fit_sensitivities
+from morca_env import schedulers
+from morca_env.schedulers.rules import forms, runtime
+from morca_env.schedulers.rules.sencache import SenCache, fit_sensitivities
 from tests import rule_forms
 
 
@@ -81,7 +81,7 @@ def test_one_shared_decision_on_the_cond_branch_and_bad_settings():
     with pytest.raises(ValueError, match=r"history=0 must be an integer >= 1"):
         SenCache(history=0)
     with pytest.raises(ValueError, match="threshold=-1 must be a finite number >= 0"):
-        policies.make("sencache", threshold=-1)
+        schedulers.make("sencache", threshold=-1)
 
 
 def test_timestep_signal_is_the_runs_timestep(wan21_pipe):

@@ -3,7 +3,7 @@ import torch
 from diffusers import SeaCacheConfig
 
 from morca_env.env import MorcaEnv
-from morca_env.policies import SeaCacheThreshold
+from morca_env.schedulers.seacache import SeaCacheThreshold
 from morca_env.signals import StepDistanceTracker, official_signal_input, relative_l1, sea_filter, seacache_reuses
 from tests.conftest import make_pipe
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from morca_env import policies
+from morca_env import schedulers
 from morca_env.rollout import rollout
-from morca_env.rules import forms, teacache
-from morca_env.rules.teacache import TeaCache
+from morca_env.schedulers.rules import forms, teacache
+from morca_env.schedulers.rules.teacache import TeaCache
 from tests import rule_forms
 
 IDENTITY = [0.0, 0.0, 0.0, 1.0, 0.0]  # p(x) = x: increments are the distances themselves
@@ -97,9 +97,9 @@ def test_bad_constants_and_settings_say_what_is_valid():
     with pytest.raises(ValueError, match="5 finite numbers"):
         TeaCache([1.0, 2.0])
     with pytest.raises(ValueError, match="setting='warp'; valid: slow"):
-        policies.make("teacache", setting="warp")
+        schedulers.make("teacache", setting="warp")
     with pytest.raises(ValueError, match="threshold=-1"):
-        policies.make("teacache", delta=-1)
+        schedulers.make("teacache", delta=-1)
 
 
 # ---------------------------------------------------------------- the three forms, end to end
@@ -109,14 +109,14 @@ def test_every_form_runs_in_the_env_at_exact_k(envs):
 
 def test_the_mask_is_fixed_per_setting_and_the_exact_form_is_the_native_rule(envs):
     env, free = envs
-    exact = policies.make("teacache-exact", env)
+    exact = schedulers.make("teacache-exact", env)
     first = rollout(env, exact, {"prompt": "a red circle", "seed": 1, "budget": 7}).schedule
     assert exact.clipped is None
     assert rollout(env, exact, {"prompt": "a blue square", "seed": 9, "budget": 7}).schedule == first
-    native = rollout(free, policies.make("teacache", env, delta=exact.last_threshold),
+    native = rollout(free, schedulers.make("teacache", env, delta=exact.last_threshold),
                      {"prompt": "a blue square", "seed": 3, "budget": 7})
     assert native.schedule == first
-    ret = policies.make("teacache-exact", env, use_ret_steps=True)
+    ret = schedulers.make("teacache-exact", env, use_ret_steps=True)
     schedule = rollout(env, ret, {"prompt": "a red circle", "seed": 1, "budget": 7}).schedule
     assert schedule[:5] == [0] * 5 and sum(schedule) == 7
 

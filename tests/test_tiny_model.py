@@ -6,8 +6,9 @@ import torch
 
 from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
 from morca_env.models import tiny, tiny_data
-from morca_env.models.tiny_data import (all_scenes, parse_prompt, prompt_following, render, tiny_prompt_suite,
+from morca_env.models.tiny_data import (all_scenes, parse_prompt, prompt_following, render,
                                         vocabulary)
+from morca_env.prompts import get_suite
 
 
 def test_grammar_round_trip_and_vocabulary():
@@ -24,10 +25,10 @@ def test_grammar_round_trip_and_vocabulary():
 
 
 def test_suites_are_fixed_and_disjoint():
-    train, evals = tiny_prompt_suite("tiny-train"), tiny_prompt_suite("tiny-eval")
+    train, evals = get_suite("tiny-train"), get_suite("tiny-eval")
     assert len(evals) == 200 and evals.seeds is not None and len(set(evals.prompts)) == 200
     assert not set(evals.prompts) & set(train.prompts)
-    assert tiny_prompt_suite("tiny-eval").pairs() == evals.pairs()
+    assert get_suite("tiny-eval").pairs() == evals.pairs()
 
 
 def test_pixel_check_recognises_rendered_videos():
@@ -67,7 +68,7 @@ def test_packaged_weights_load_offline_and_follow_prompts(monkeypatch):
     assert pipe.transformer.config.num_layers == 4 and pipe.transformer.config.in_channels == 3
     den = StepwiseDenoiser(pipe, DenoiserConfig(**tiny.GENERATION))
     hits = []
-    for prompt, seed in tiny_prompt_suite("tiny-eval").pairs()[::20]:  # 10 held-out prompts
+    for prompt, seed in get_suite("tiny-eval").pairs()[::20]:  # 10 held-out prompts
         video = den.generate(prompt=prompt, seed=seed)
         assert video.shape == (tiny_data.FRAMES, tiny_data.HEIGHT, tiny_data.WIDTH, 3) == (8, 16, 16, 3)
         hits.append(prompt_following(video, prompt))
@@ -169,7 +170,7 @@ def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
     assert report["schedules"] == {"budget": 25}  # untouched
     # the report holds the share of the first two eval prompts whose video follows them, recomputed here
     den = StepwiseDenoiser(tiny.load_morca_tiny(), DenoiserConfig(**tiny.GENERATION))
-    hits = [prompt_following(den.generate(prompt=p, seed=s), p) for p, s in tiny_prompt_suite("tiny-eval").pairs()[:2]]
+    hits = [prompt_following(den.generate(prompt=p, seed=s), p) for p, s in get_suite("tiny-eval").pairs()[:2]]
     den.close()
     assert report["prompt_following"] == {k: float(np.mean([h[k] for h in hits])) for k in ("colour", "direction")} | {
         "prompts": 2}
@@ -184,7 +185,7 @@ def test_direction_commit_probe_reports_a_sigma_per_prompt():
     from morca_env.models.tiny_probe import direction_commit_sigmas
 
     den = StepwiseDenoiser(tiny.load_morca_tiny(), DenoiserConfig(**{**tiny.GENERATION, "num_inference_steps": 8}))
-    pairs = tiny_prompt_suite("tiny-eval").pairs()[:2]
+    pairs = get_suite("tiny-eval").pairs()[:2]
     commits = direction_commit_sigmas(den, pairs)
     sigmas = [den.sigma(i) for i in range(den.num_steps)]
     assert len(commits) == 2 and all(c == 0.0 or c in sigmas for c in commits)

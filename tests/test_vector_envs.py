@@ -57,7 +57,7 @@ def test_info_has_the_same_plain_keys_after_reset_and_every_step(cache):
 
 
 def test_a_runtime_rule_still_reads_the_run_through_the_env(cache):
-    from morca_env.policies import make
+    from morca_env.schedulers import make
     from morca_env.rollout import rollout
 
     env = gym.make("MorcaTinyRandom-v0", **KWARGS)

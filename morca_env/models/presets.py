@@ -1,4 +1,4 @@
-"""The registered model settings (paper App. A); their speedup calibrations live in `morca_env.calibrate`."""
+"""The registered model settings (paper App. A); their speedup calibrations live in `morca_env.calibration_files`."""
 
 from __future__ import annotations
 

@@ -84,19 +84,18 @@ def vocabulary() -> list[str]:
     return sorted(words)
 
 
-def tiny_prompt_suite(name: str):
-    """`tiny-eval`: 200 fixed (prompt, seed) pairs; `tiny-train`: every other prompt of the grammar."""
-    from ..prompts import PromptSuite
-
+def tiny_split(name: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """(prompts, seeds) of `tiny-eval` (200 fixed pairs) or `tiny-train` (every other prompt of the grammar, no
+    seeds); `morca_env.prompts.get_suite` makes them a PromptSuite."""
     scenes = all_scenes()
     rng = np.random.default_rng(_SPLIT_SEED)
     order = rng.permutation(len(scenes))
     eval_idx, train_idx = np.sort(order[:TINY_EVAL_SIZE]), np.sort(order[TINY_EVAL_SIZE:])
     if name == "tiny-eval":
         seeds = tuple(int(s) for s in rng.integers(0, 2**31 - 1, TINY_EVAL_SIZE))
-        return PromptSuite(name, tuple(scenes[i].prompt for i in eval_idx), seeds)
+        return tuple(scenes[i].prompt for i in eval_idx), seeds
     if name == "tiny-train":
-        return PromptSuite(name, tuple(scenes[i].prompt for i in train_idx))
+        return tuple(scenes[i].prompt for i in train_idx), None
     raise KeyError(name)
 
 

@@ -14,7 +14,7 @@ The wrapped rule keeps its accumulation, warm-up and forced steps; only the thre
 pending value is tested against changes (every rule's gates expose `drift` and `below(threshold)`).
 The forms search and map the high threshold tau, with `ratio` and `kappa` fixed
 (defaults 0.5 and 1.0: a step is critical when its drift more than doubled from the last one).
-Wraps any rule of `morca_env.rules` (`rule=`: "dicache" by default): over a rule whose schedule
+Wraps any rule of `morca_env.schedulers.rules` (`rule=`: "dicache" by default): over a rule whose schedule
 is known before the run (TeaCache's increments p(x_i), MagCache's |1 - rho|) ACID's schedule is
 known too (`AcidMask`, the mask forms); over a run-time rule it is a run-time rule (`Acid`).
 """
@@ -95,8 +95,8 @@ def acid(inner: forms.Rule, ratio: float = 0.5, kappa: float = 1.0) -> Acid | Ac
 
 
 def wrappable_rules() -> list[str]:
-    """The rule names ACID takes: every rule module of `morca_env.rules` but ACID itself (registry spelling)."""
-    from ..policies import rule_names
+    """The rule names ACID takes: every rule module of `morca_env.schedulers.rules` but ACID itself (registry spelling)."""
+    from . import rule_names
 
     return [name for name in rule_names() if name != "acid"]
 

@@ -18,7 +18,7 @@ The forms (registry names `<rule>`, `<rule>-global`, `<rule>-exact`):
 
 * native (`NativeRule`): the rule at a threshold, as its authors run it, step by
   step; under an exact budget the mask overrides it where it must (like
-  `SeaCacheThreshold`), and the gates follow what was executed.
+  `seacache.SeaCacheThreshold`), and the gates follow what was executed.
 * global threshold (`GlobalRule`): one threshold per target speedup, g(rho),
   fitted like `ThresholdMap`: K(threshold) converted to speedups with the env's
   calibration. K does not depend on the prompt here, so no training prompts are
@@ -40,11 +40,11 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .. import wan_structure
-from ..budget import BudgetSpec
-from ..observation import Scalar, step_of
-from ..calibrate import ThresholdMap, threshold_map_from_counts
-from ..policies import _FixedSchedule, feasible
+from ... import wan_structure
+from ...budget import BudgetSpec
+from ...observation import Scalar, step_of
+from ...calibration_files import ThresholdMap, threshold_map_from_counts
+from ..base import PrecomputedSchedule, feasible
 
 
 class Gate(Protocol):
@@ -103,7 +103,7 @@ class Source:
     def _calibration(self, num_steps, forced):
         if self.calibration is None or not isinstance(self.calibration, str):
             return self.calibration
-        from ..calibrate import load_calibration
+        from ...calibration_files import load_calibration
 
         return load_calibration(self.calibration, num_steps, BudgetSpec(num_steps, forced).max_budget)
 
@@ -258,7 +258,7 @@ class GlobalRule(NativeRule):
         return self.threshold_map(float(info["target_speedup"]))
 
 
-class ExactRule(_FixedSchedule):
+class ExactRule(PrecomputedSchedule):
     """The rule at the threshold that spends exactly the episode's K (bisection on the computable mask)."""
 
     def __init__(self, rule: Rule, source: Source):
@@ -291,7 +291,7 @@ def packaged_constants(rule: str, model: str | None) -> dict | None:
     """The constants `scripts/fit_cache_rules.py` fitted for `model` (a user file first, then the packaged one)."""
     if model is None:
         return None
-    from ..calibrate import find_calibration_file
+    from ...calibration_files import find_calibration_file
 
     path = find_calibration_file(f"{model}_{rule}.json")
     return None if path is None else json.loads(path.read_text())

@@ -35,9 +35,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..calibrate import ThresholdMap, threshold_map_from_counts
-from ..policies import _FixedSchedule
-from ..signals import head_block
+from ...calibration_files import ThresholdMap, threshold_map_from_counts
+from ..base import PrecomputedSchedule
+from ...signals import head_block
 from . import forms
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,9 @@ class RuntimeRule(forms.Rule):
     runtime = True
     keeps_head = True  # the rule reads block 0 (input, output) from the cache
     keeps_output = False  # the rule reads the transformer's output from the cache
+    threshold_start = 1e-3  # the exact form's first bisection bracket
+    # thresholds to 1%: each try is a generation, and finer steps rarely change a run-time rule's count
+    threshold_rtol = 0.01
 
     def prepare(self, context: forms.RunContext) -> None:
         super().prepare(context)
@@ -183,7 +186,7 @@ class Replay:
 
     @property
     def denoiser(self):
-        from ..denoiser import StepwiseDenoiser
+        from ...denoiser import StepwiseDenoiser
 
         if self._denoiser is None:
             self._denoiser = StepwiseDenoiser(self.pipe, self.config, device=self.device)
@@ -204,7 +207,7 @@ def env_replay(env, info) -> Replay:
     return Replay(env.pipe, env.config, env.device, {"prompt": info["prompt"], "seed": info["seed"]})
 
 
-class ExactRuntimeRule(_FixedSchedule):
+class ExactRuntimeRule(PrecomputedSchedule):
     """The rule at the per-episode threshold that spends exactly K, found on free runs (see the module docstring)."""
 
     def __init__(self, rule: RuntimeRule, source: forms.Source, iterations: int = 12):
@@ -251,8 +254,9 @@ class ExactRuntimeRule(_FixedSchedule):
             self.replays += 1
             return replay.run(self.rule, threshold, spec.forced, stop_above=budget)
 
-        # thresholds to 1%: each try is a generation, and finer steps rarely change a run-time rule's count
-        self.last_threshold, schedule = forms.search_threshold(schedule_at, budget, self.iterations, rtol=0.01)
+        self.last_threshold, schedule = forms.search_threshold(schedule_at, budget, self.iterations,
+                                                               start=self.rule.threshold_start,
+                                                               rtol=self.rule.threshold_rtol)
         self.clipped = forms.clipping(self.rule.name, schedule, budget, spec.num_steps, self.last_threshold)
         return (schedule + [0] * spec.num_steps)[:spec.num_steps]
 

@@ -1,0 +1,169 @@
+"""The calibration's files and the threshold maps read from them: one home for where they live and how they load.
+
+This machine's files live under the cache root's `calibration/` (written by
+`scripts/calibrate.py`, found first); the packaged ones ship in
+`morca_env/calibration/`. `load_calibration` gives the map K(rho)
+(`morca_env.budget.SpeedupCalibration`), `load_threshold_map` the global
+threshold map g(rho) that turns a target speedup into a rule's threshold.
+Measuring and fitting them is `morca_env.calibrate`'s job; this module only
+reads, so the env and every scheduler can depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .budget import SpeedupCalibration
+from .paths import cache_root
+
+
+def user_calibration_dir() -> Path:
+    return cache_root() / "calibration"
+
+
+def packaged_calibration_path(name: str) -> Path:
+    return Path(str(resources.files("morca_env"))) / "calibration" / f"{name}.json"
+
+
+_warned: set[str] = set()
+
+
+def calibration_file(filename: str, where: str = "user") -> Path:
+    """Where a calibration file is written: `where` is "user" (this machine's, found first), "packaged" (the copy
+    shipped with the package) or a directory."""
+    if where == "user":
+        return user_calibration_dir() / filename
+    if where == "packaged":
+        return packaged_calibration_path(filename.removesuffix(".json"))
+    return Path(where) / filename
+
+
+def find_calibration_file(filename: str) -> Path | None:
+    """The user's calibration file (written by scripts/calibrate.py) if any, else the packaged one."""
+    for path in (user_calibration_dir() / filename, packaged_calibration_path(filename.removesuffix(".json"))):
+        if path.is_file():
+            return path
+    return None
+
+
+def load_threshold_map(name: str):
+    """g(rho) for the threshold-curve behaviour policy and the global-threshold SeaCache baseline."""
+    path = find_calibration_file(f"{name}_threshold.json")
+    if path is None:
+        raise FileNotFoundError(f"no threshold map for {name!r}; run `python scripts/calibrate.py --thresholds` "
+                                "for this env")
+    return ThresholdMap.from_dict(json.loads(path.read_text()))
+
+
+def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
+    """The calibration `scripts/calibrate.py` saved for this machine, else the packaged one, else the ideal model.
+
+    A calibration made for another step count is rescaled (alpha, beta proportional
+    to N, since each step costs the same) with a one-time warning.
+    """
+    from .models.presets import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"calibration={name!r} is not a registered model; valid: {', '.join(sorted(PRESETS))}, "
+                         "a SpeedupCalibration, or a path to a calibration JSON file")
+    path = find_calibration_file(f"{name}.json")
+    if path is not None:
+        calib = SpeedupCalibration.from_json(path)
+    else:
+        if name not in _warned:
+            warnings.warn(f"no speedup calibration for {name!r}; using the ideal model K = N (1 - 1/rho). "
+                          "Run scripts/calibrate.py to measure one.", stacklevel=3)
+            _warned.add(name)
+        return SpeedupCalibration(alpha=float(num_steps), beta=float(num_steps), max_budget=max_budget,
+                                  source="ideal model (uncalibrated)")
+    steps = calib.num_steps or num_steps
+    if steps != num_steps:
+        scale = num_steps / steps
+        if (name, num_steps) not in _warned:
+            warnings.warn(f"calibration for {name!r} was made at {steps} steps; rescaling to {num_steps}", stacklevel=3)
+            _warned.add((name, num_steps))
+        full = calib.full_latency_s * scale if calib.full_latency_s else calib.full_latency_s
+        points = [[k * scale, r] for k, r in calib.points] if calib.points else None
+        calib = replace(calib, alpha=calib.alpha * scale, beta=calib.beta * scale, num_steps=num_steps,
+                        full_latency_s=full, points=points, source=f"{calib.source} (rescaled from {steps} steps)")
+    return replace(calib, max_budget=max_budget)
+
+
+# ---------------------------------------------------------------- threshold maps
+class ThresholdMap:
+    """g(rho): the global SeaCache threshold whose mean realised speedup is rho (interpolated in log delta).
+
+    Built from (speedup, threshold) pairs measured by `scripts/calibrate.py --thresholds`
+    (or, for Wan2.1 / Wan2.2, the paper's Table 7 settings).
+    """
+
+    def __init__(self, speedups, thresholds, source: str = "unspecified"):
+        order = np.argsort(speedups)
+        self.speedups = np.asarray(speedups, dtype=float)[order]
+        self.thresholds = np.asarray(thresholds, dtype=float)[order]
+        if len(self.speedups) < 2 or np.any(self.thresholds <= 0) or np.any(np.diff(self.speedups) <= 0):
+            raise ValueError("a threshold map needs >= 2 points with distinct speedups and positive thresholds")
+        self.source = source
+
+    def __call__(self, speedup: float) -> float:
+        log_delta = np.log(self.thresholds)
+        x, y = self.speedups, log_delta
+        if speedup <= x[0]:
+            slope = (y[1] - y[0]) / (x[1] - x[0])
+            return float(np.exp(y[0] + slope * (speedup - x[0])))
+        if speedup >= x[-1]:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            return float(np.exp(y[-1] + slope * (speedup - x[-1])))
+        return float(np.exp(np.interp(speedup, x, y)))
+
+    def recalibrated(self, old, new) -> "ThresholdMap":
+        """The same thresholds with speedups re-read through a newer calibration.
+
+        The map's speedups are mean realised budgets K converted with the calibration
+        of the time (`old`); a threshold's K does not depend on the machine, so reading
+        `old` backwards and `new` forwards gives today's speedup.
+        """
+        speedups = [new.speedup_of_budget(old.budget_at(rho)) for rho in self.speedups]
+        keep = []  # a strictly increasing, finite part: thresholds whose K reads as one speedup say nothing more
+        for i, rho in enumerate(speedups):
+            if np.isfinite(rho) and (not keep or rho > speedups[keep[-1]] + 1e-9):
+                keep.append(i)
+        if len(keep) < 2:
+            raise ValueError(f"the threshold map re-read through {new.source!r} keeps fewer than 2 distinct speedups "
+                             f"({[round(float(r), 3) for r in speedups]}); measure the calibration again")
+        return ThresholdMap(np.asarray(speedups)[keep], self.thresholds[keep],
+                            source=f"{self.source}, recalibrated: {new.source}")
+
+    def to_dict(self) -> dict:
+        return {"speedups": self.speedups.tolist(), "thresholds": self.thresholds.tolist(), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ThresholdMap":
+        return cls(data["speedups"], data["thresholds"], data.get("source", "unspecified"))
+
+
+def threshold_map_from_counts(name: str, grid, counts, calibration, source: str) -> ThresholdMap:
+    """A ThresholdMap from reuse counts (mean K over prompts, or one K) measured at increasing thresholds `grid`:
+    each distinct count with the geometric middle of its thresholds, at the speedup `calibration` predicts."""
+    grid, counts = np.asarray(grid, dtype=float), np.asarray(counts, dtype=float)
+    speedups, thresholds = [], []
+    for k in np.unique(counts):
+        run = grid[counts == k]
+        speedup = calibration.speedup_of_budget(float(k))
+        if math.isfinite(speedup):
+            speedups.append(speedup)
+            thresholds.append(float(np.sqrt(run[0] * run[-1])))
+    if len(speedups) < 2:
+        raise ValueError(f"{name}: its reuse count takes fewer than two values over thresholds "
+                         f"{grid[0]:g}..{grid[-1]:g}; no threshold map can be fitted")
+    order = np.argsort(speedups)
+    speedups, thresholds = np.asarray(speedups)[order], np.asarray(thresholds)[order]
+    keep = np.concatenate([[True], np.diff(speedups) > 0])
+    return ThresholdMap(speedups[keep], thresholds[keep], source=f"{name}: {source}")

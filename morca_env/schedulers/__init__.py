@@ -1,0 +1,22 @@
+"""Schedulers: every way of deciding, step by step, whether a denoising step recomputes or reuses the cache.
+
+    from morca_env.schedulers import make, names
+    scheduler = make("teacache-exact", env)       # any registered name; names() lists them
+    scheduler.reset(obs, info); action = scheduler(obs)
+
+* `base`: the protocol and the precomputed-schedule base class;
+* `registry`: one registry (`make`, `names`, `register`, method specs such as `label=path`);
+* `schedule`: schedules as values (reaching a K, neighbours, keys);
+* `fixed`: the fixed schedules (uniform, given, best fixed, random, searched, jittered, replayed);
+* `seacache`, `rules/`: SeaCache and the caching rules of the literature, each in three forms;
+* `behaviour`, `mixture`: the datasets' behaviour policies.
+Learned schedulers ("morca", "reinforce") are registered by the `agents` package.
+"""
+
+from . import behaviour, fixed, mixture, seacache  # noqa: F401  (each registers its schedulers)
+from .base import PrecomputedSchedule, Scheduler, feasible, needs_exact_budget
+from .registry import Entry, checkpoint_paths, entry, from_spec, is_seeded, make, names, parse_method, register
+from .rules import rule_names
+
+__all__ = ["Entry", "PrecomputedSchedule", "Scheduler", "checkpoint_paths", "entry", "feasible", "from_spec",
+           "is_seeded", "make", "names", "needs_exact_budget", "parse_method", "register", "rule_names"]
