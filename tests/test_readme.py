@@ -17,14 +17,28 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_MARK = "# needs a GPU"
 
 
-def readme_blocks(include_gpu=False):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+DOCUMENTS = ("README.md", "docs/guide.md")  # the pages whose examples users copy
+
+
+def readme_blocks(include_gpu=False, documents=DOCUMENTS):
+    blocks = [b for doc in documents
+              for b in re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)]
     return [b for b in blocks if include_gpu or GPU_MARK not in b]
 
 
+def test_the_readme_is_short_and_keeps_measurements_in_docs():
+    """A page for users: <= 250 lines, and no dated measurement (those live in docs/benchmarks.md and the
+    results pages), so it cannot go stale the way a lab notebook does."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert re.findall(r"20\d\d-\d\d-\d\d", text) == []
+    for link in re.findall(r"\]\(((?:docs|datasets)/[^)#]*)", text):  # every linked page exists
+        assert (ROOT / link).exists(), link
+
+
 def test_readme_has_runnable_examples():
-    blocks = readme_blocks()
-    assert len(blocks) >= 5 and len(readme_blocks(include_gpu=True)) > len(blocks)
+    blocks = readme_blocks(documents=("README.md",))
+    assert len(blocks) >= 5 and len(readme_blocks(include_gpu=True, documents=("README.md",))) > len(blocks)
     assert any("MaskablePPO" in b for b in blocks) and any("d3rlpy" in b for b in blocks)
     assert any("accelerate(" in b for b in blocks)
 
