@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 quickstart: $(STAMP)
-	$(PY) scripts/quickstart.py $(ARGS)
+	$(VENV)/bin/morca quickstart $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

@@ -10,7 +10,7 @@ method (the env's calibration and per-seed rounding; nothing timed). The normali
 is 100 x (PSNR - random feasible) / (best fixed - random feasible), both references
 measured on the same episodes: 0 is a random schedule with K reuses, 100 the best fixed
 schedule, the bar a learned scheduler must clear. The references ship as package data
-(`benchmark_references.json`); `python scripts/benchmark_references.py MorcaTiny-v0` remakes them.
+(`benchmark_references.json`); `morca references MorcaTiny-v0` remakes them.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def measure_references(env_id: str = "MorcaTiny-v0", *, env=None, progress: bool
                                     for m in REFERENCE_METHODS}}
     return {"env_id": env_id, "suite": suite.prompts, "env_kwargs": suite.kwargs, "random_seed": seed,
             "num_pairs": len(suite.pairs()), "targets": targets,
-            "command": f"python scripts/benchmark_references.py {env_id}"}
+            "command": f"morca references {env_id}"}
 
 
 def _packaged_path() -> Path:

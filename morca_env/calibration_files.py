@@ -57,7 +57,7 @@ def load_threshold_map(name: str):
     """g(rho) for the threshold-curve behaviour policy and the global-threshold SeaCache baseline."""
     path = find_calibration_file(f"{name}_threshold.json")
     if path is None:
-        raise FileNotFoundError(f"no threshold map for {name!r}; run `python scripts/calibrate.py --thresholds` "
+        raise FileNotFoundError(f"no threshold map for {name!r}; run `morca calibrate --thresholds` "
                                 "for this env")
     return ThresholdMap.from_dict(json.loads(path.read_text()))
 

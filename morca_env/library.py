@@ -324,7 +324,7 @@ class LibraryScheduler:
         name = env.unwrapped.preset.name
         path = find_calibration_file(f"{name}_library.json")
         if path is None:
-            raise FileNotFoundError(f"no schedule library for {name!r}; run scripts/headroom_selector.py --save")
+            raise FileNotFoundError(f"no schedule library for {name!r}; run scripts/experiments/headroom_selector.py --save")
         return cls.from_file(path, env)
 
     def reset(self, obs, info) -> None:

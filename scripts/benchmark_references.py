@@ -1,39 +1,8 @@
-"""Measure the benchmark's references: the random feasible policy and the best fixed schedule on an env's suite.
+"""`morca references` (morca_env/commands/references.py), kept as a script: `python scripts/benchmark_references.py --help`."""
 
-    python scripts/benchmark_references.py MorcaTiny-v0            # remakes the shipped file (~6 min on 2 CPU cores)
-    python scripts/benchmark_references.py MorcaTiny-v0 --out refs.json
-
-They are the 0 and the 100 of `morca_env.benchmark`'s normalized score; the shipped
-copy (morca_env/data_files/benchmark_references.json) was made by the first line.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 
-import torch
-
-from morca_env import benchmark
-from morca_env.cli import positive_int
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("env_id", choices=sorted(benchmark.SUITES))
-    p.add_argument("--out", default=None, help="JSON file to merge into (default: the packaged references)")
-    p.add_argument("--seed", type=int, default=0, help="the random feasible policy's seed")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 is fastest on a shared CPU)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    refs = benchmark.measure_references(args.env_id, seed=args.seed)
-    path = benchmark.save_references(refs, args.out)
-    for target, entry in refs["targets"].items():
-        print(f"{args.env_id} {target}x: random {entry['random']['mean_psnr']:.2f} dB, "
-              f"best fixed {entry['best-fixed']['mean_psnr']:.2f} dB (K mean {sum(entry['k']) / len(entry['k']):.1f})")
-    print(f"wrote {path}")
-    return 0
-
+from morca_env.commands.references import main
 
 if __name__ == "__main__":
     sys.exit(main())

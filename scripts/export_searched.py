@@ -1,45 +1,8 @@
-"""Gather the episodes that schedule searches evaluated into the schedules file of a searched dataset recipe.
+"""`morca export-searched` (morca_env/commands/export_searched.py), kept as a script: `python scripts/export_searched.py --help`."""
 
-    python scripts/export_searched.py runs/fixed_schedule runs/search/train \\
-        --per-search 20 --out datasets/morca/tiny/searched-v0.schedules.json
-
-Each entry is one evaluated episode (prompt, seed, schedule, its reward); the
-`replay` behaviour of `datasets/morca/tiny/searched-v0.json` plays them again
-with full observations. Prompts of `--exclude-suite` (default: the model's
-evaluation suite) are refused: held-out prompts never become training data.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
 import sys
-from pathlib import Path
 
-from morca_env.io import atomic_write_text
-from morca_env.prompts import get_suite
-from morca_env.search import searched_episodes
-from morca_env.cli import positive_int
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logs", type=Path, nargs="+", help="search output directories (*.jsonl logs)")
-    p.add_argument("--per-search", type=positive_int, default=None, help="episodes kept per (search, prompt): best half + random")
-    p.add_argument("--exclude-suite", default="tiny-eval")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    if args.per_search is not None and args.per_search < 2:
-        p.error(f"--per-search {args.per_search} must be >= 2 (a best half and a random half)")
-    entries = searched_episodes(args.logs, args.per_search, args.seed, get_suite(args.exclude_suite).prompts)
-    if not entries:
-        raise SystemExit(f"no evaluated episodes under {', '.join(map(str, args.logs))}")
-    atomic_write_text(args.out, json.dumps(entries, separators=(",", ":")) + "\n")
-    prompts = len({(e["prompt"], e["seed"]) for e in entries})
-    print(f"wrote {len(entries)} episodes of {prompts} (prompt, seed) pairs to {args.out}")
-    return 0
-
+from morca_env.commands.export_searched import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from morca_env import commands
 import torch
 
 import morca_env
@@ -169,42 +171,42 @@ def test_collect_argument(argument, value, fragment, tmp_path, monkeypatch):
 
 
 SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit code 2) naming the value
-    (["collect.py", "RECIPE", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
-    (["collect.py", "RECIPE", "--workers", "two"], "argument --workers: 'two' is not a positive integer"),
-    (["collect.py", "RECIPE", "--threads", "-1"], "argument --threads: '-1' is not a positive integer"),
-    (["collect.py", "RECIPE", "--env-kwargs", "{speedup: 2}"], "argument --env-kwargs: '{speedup: 2}' is not JSON"),
-    (["collect.py", "RECIPE", "--env-kwargs", "[1]"], "argument --env-kwargs: '[1]' is not a JSON object of env kwargs"),
-    (["collect.py", "RECIPE", "--dataset-id", "morca/x"], "dataset_id='morca/x' is not a Minari dataset id"),
-    (["collect.py", "missing.json"], "argument recipe: recipe 'missing.json' is not a file"),
-    (["train_offline.py", "--epochs", "0"], "argument --epochs: '0' is not a positive integer"),
-    (["train_offline.py", "--batch-size", "big"], "argument --batch-size: 'big' is not a positive integer"),
-    (["train_offline.py", "--n-step", "-5"], "argument --n-step: '-5' is not a positive integer"),
-    (["finetune_online.py", "--rounds", "0"], "argument --rounds: '0' is not a positive integer"),
-    (["finetune_online.py", "--env-kwargs", "speedup=2"], "argument --env-kwargs: 'speedup=2' is not JSON"),
-    (["train_reinforce.py", "--episodes-per-update", "0"], "argument --episodes-per-update: '0' is not a positive integer"),
-    (["train_reinforce.py", "--threads", "0"], "argument --threads: '0' is not a positive integer"),
-    (["evaluate.py", "--prompts", "0"], "argument --prompts: '0' is not a positive integer"),
-    (["evaluate.py", "--skip-prompts", "-1"], "argument --skip-prompts: '-1' is not a non-negative integer"),
-    (["evaluate.py", "--targets", "0.5"], "argument --targets: '0.5' is not a speedup (valid: a number >= 1"),
-    (["evaluate.py", "--env-kwargs", "{x}"], "argument --env-kwargs: '{x}' is not JSON"),
-    (["evaluate.py", "--videos", "some"], "argument --videos: 'some' is not a non-negative integer"),
-    (["evaluate.py", "--calibrate", "-2"], "argument --calibrate: '-2' is not a non-negative integer"),
-    (["search_schedules.py", "--out", "o", "--count", "0"], "argument --count: '0' is not a positive integer"),
-    (["search_schedules.py", "--out", "o", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
-    (["search_schedules.py", "--out", "o", "--targets", "nan"], "argument --targets: 'nan' is not a speedup"),
-    (["search_schedules.py", "--out", "o", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
-    (["fit_fixed_schedule.py", "--budgets", "-3"], "argument --budgets: '-3' is not a non-negative integer"),
-    (["fit_fixed_schedule.py", "--budgets", "30", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
-    (["fit_fixed_schedule.py", "--budgets", "30", "--select-on", "tiny-eval:5"],
+    (["collect", "RECIPE", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
+    (["collect", "RECIPE", "--workers", "two"], "argument --workers: 'two' is not a positive integer"),
+    (["collect", "RECIPE", "--threads", "-1"], "argument --threads: '-1' is not a positive integer"),
+    (["collect", "RECIPE", "--env-kwargs", "{speedup: 2}"], "argument --env-kwargs: '{speedup: 2}' is not JSON"),
+    (["collect", "RECIPE", "--env-kwargs", "[1]"], "argument --env-kwargs: '[1]' is not a JSON object of env kwargs"),
+    (["collect", "RECIPE", "--dataset-id", "morca/x"], "dataset_id='morca/x' is not a Minari dataset id"),
+    (["collect", "missing.json"], "argument recipe: recipe 'missing.json' is not a file"),
+    (["train", "--epochs", "0"], "argument --epochs: '0' is not a positive integer"),
+    (["train", "--batch-size", "big"], "argument --batch-size: 'big' is not a positive integer"),
+    (["train", "--n-step", "-5"], "argument --n-step: '-5' is not a positive integer"),
+    (["finetune", "--rounds", "0"], "argument --rounds: '0' is not a positive integer"),
+    (["finetune", "--env-kwargs", "speedup=2"], "argument --env-kwargs: 'speedup=2' is not JSON"),
+    (["reinforce", "--episodes-per-update", "0"], "argument --episodes-per-update: '0' is not a positive integer"),
+    (["reinforce", "--threads", "0"], "argument --threads: '0' is not a positive integer"),
+    (["evaluate", "--prompts", "0"], "argument --prompts: '0' is not a positive integer"),
+    (["evaluate", "--skip-prompts", "-1"], "argument --skip-prompts: '-1' is not a non-negative integer"),
+    (["evaluate", "--targets", "0.5"], "argument --targets: '0.5' is not a speedup (valid: a number >= 1"),
+    (["evaluate", "--env-kwargs", "{x}"], "argument --env-kwargs: '{x}' is not JSON"),
+    (["evaluate", "--videos", "some"], "argument --videos: 'some' is not a non-negative integer"),
+    (["evaluate", "--calibrate", "-2"], "argument --calibrate: '-2' is not a non-negative integer"),
+    (["search", "--out", "o", "--count", "0"], "argument --count: '0' is not a positive integer"),
+    (["search", "--out", "o", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
+    (["search", "--out", "o", "--targets", "nan"], "argument --targets: 'nan' is not a speedup"),
+    (["search", "--out", "o", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
+    (["fit-fixed", "--budgets", "-3"], "argument --budgets: '-3' is not a non-negative integer"),
+    (["fit-fixed", "--budgets", "30", "--evaluations", "0"], "argument --evaluations: '0' is not a positive"),
+    (["fit-fixed", "--budgets", "30", "--select-on", "tiny-eval:5"],
      "--select-on 'tiny-eval:5' is an evaluation suite; fit and select on training prompts"),
-    (["fit_fixed_schedule.py", "--budgets", "30", "--prompts", "tiny-train:4", "--select-on", "tiny-train[2:6]"],
+    (["fit-fixed", "--budgets", "30", "--prompts", "tiny-train:4", "--select-on", "tiny-train[2:6]"],
      "--select-on shares 2 prompts with --prompts"),
-    (["calibrate.py", "--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
-    (["calibrate.py", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
-    (["export_searched.py", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
+    (["calibrate", "--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
+    (["calibrate", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
+    (["export-searched", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
     (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
-    (["quickstart.py", "--episodes", "-4"], "argument --episodes: '-4' is not a non-negative integer"),
-    (["quickstart.py", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
+    (["quickstart", "--episodes", "-4"], "argument --episodes: '-4' is not a non-negative integer"),
+    (["quickstart", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
     (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
 ]
 
@@ -212,7 +214,7 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
 def load_script(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"script_{name[:-3]}", ROOT / "scripts" / name)
+    spec = importlib.util.spec_from_file_location(f"script_{name[:-3]}", ROOT / "scripts" / "experiments" / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -220,10 +222,13 @@ def load_script(name: str):
 
 @pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
 def test_script_argument(args, fragment, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the orchestrating scripts import scripts/_runner.py
+    monkeypatch.syspath_prepend(str(ROOT / "scripts" / "experiments"))  # the experiments import their _runner.py
     recipe = str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json")
     script, argv = args[0], [recipe if a == "RECIPE" else a for a in args[1:]]
-    with pytest.raises(SystemExit) as exit_info:
-        load_script(script).main(argv)  # argparse exits before anything runs
+    with pytest.raises(SystemExit) as exit_info:  # argparse exits before anything runs
+        if script.endswith(".py"):  # an experiment under scripts/
+            load_script(script).main(argv)
+        else:  # a `morca` subcommand
+            commands.main([script, *argv])
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err

@@ -34,7 +34,7 @@ def test_item9_a_behaviour_name_string_works_in_the_api_and_the_cli(roots):
     recipe = roots / "recipe.json"
     recipe.write_text(json.dumps({"dataset_id": "test/tiny/cli-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 1,
                                   "env_kwargs": ENV_KWARGS, "behavior": "random"}))
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "collect.py"), str(recipe)], cwd=roots,
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "collect", str(recipe)], cwd=roots,
                          capture_output=True, text=True, timeout=300, env={**os.environ})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dataset test/tiny/cli-v0: 1 episodes" in out.stdout

@@ -142,8 +142,8 @@ def write_or_die(staging, index, episode):
     real_write(staging, index, episode)
 
 data.write_episode = write_or_die
-sys.argv = {argv!r}
-runpy.run_path(sys.argv[0], run_name="__main__")
+sys.argv = ["morca"] + {argv!r}[2:]  # `python -m morca_env.commands collect ...`, in this process
+runpy.run_module("morca_env.commands", run_name="__main__")
 """
 
 
@@ -159,7 +159,7 @@ def test_sigkill_then_resume_gives_exact_episodes_without_duplicates(roots):
                                   "num_episodes": episodes, "env_kwargs": ENV_KWARGS,
                                   "behavior": {"name": "threshold-curve"}}))
     staging = roots / "cache" / "collect" / "test/tiny/kill-v0" / "episodes"
-    command = [str(ROOT / "scripts" / "collect.py"), str(recipe)]
+    command = ["-m", "morca_env.commands", "collect", str(recipe)]
     killed = subprocess.run([sys.executable, "-c", KILL_DURING_WRITE.format(kill_at=kill_at, argv=command)],
                             cwd=roots, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""scripts/fit_cache_rules.py: the rule constants fitted on a registered model, written where the rules read them."""
+"""`morca fit-rules` (scripts/fit_cache_rules.py): the rule constants fitted on a registered model, written where the rules read them."""
 
 import importlib.util
 import json
@@ -12,10 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("fit_cache_rules", ROOT / "scripts" / "fit_cache_rules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from morca_env.commands import fit_rules
+
+    return fit_rules
 
 
 def test_fits_both_rules_on_the_tiny_random_model(tmp_path):
@@ -26,7 +25,7 @@ def test_fits_both_rules_on_the_tiny_random_model(tmp_path):
     assert mag["num_steps"] == 8 and len(mag["ratios"]) == 16 and mag["ratios"][:2] == [1.0, 1.0]
     assert all(r > 0 for r in mag["ratios"]) and len(mag["pairs"]) == 1
     assert len(tea["coefficients"]) == len(tea["coefficients_ret"]) == 5
-    assert "fit_cache_rules.py --env MorcaTinyRandom-v0" in tea["command"]
+    assert "morca fit-rules --env MorcaTinyRandom-v0" in tea["command"]
     magcache.MagCache(mag["ratios"])  # loadable as the rules' constants
     teacache.TeaCache(tea["coefficients"]), teacache.TeaCache(tea["coefficients_ret"], use_ret_steps=True)
 

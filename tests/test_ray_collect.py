@@ -186,10 +186,9 @@ def test_schedule_search_on_ray_finds_the_local_schedules(ray_runtime, tmp_path)
 
 
 def _evaluate_main():
-    spec = importlib.util.spec_from_file_location("evaluate_script", ROOT / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    from morca_env.commands.evaluate import main
+
+    return main
 
 
 EVAL_ARGS = ["--env", "MorcaTinyRandom-v0", "--prompts", "2", "--targets", "1.5", "2", "--videos", "0",

@@ -22,7 +22,7 @@ def run_script(args, tmp_path, timeout=900):
 
 def test_evaluate_writes_results_and_resumes(tmp_path):
     out = tmp_path / "eval"
-    args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
+    args = ["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
             "--prompts", "2", "--targets", "1.5", "2.0", "--methods", "uniform", "random", "behaviour",
             "seacache-global", "--videos", "1", "--threads", "1", "--out", str(out), "--baselines", "seacache-global",
             "uniform"]
@@ -58,7 +58,7 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
 
 
 def test_evaluate_rejects_bad_timing_repeats(tmp_path):
-    out = subprocess.run([sys.executable, "scripts/evaluate.py", "--timing-repeats", "0", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "evaluate", "--timing-repeats", "0", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "argument --timing-repeats: '0' is not a positive integer" in out.stderr
 
@@ -67,7 +67,7 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
     from morca_env.budget import SpeedupCalibration
 
     out = tmp_path / "eval"
-    args = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
+    args = ["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
             "--prompts", "1", "--targets", "1.0", "--methods", "uniform", "--videos", "0", "--threads", "1",
             "--calibrate", "1", "--timing-repeats", "2", "--out", str(out)]
     stdout = run_script(args, tmp_path)
@@ -86,7 +86,7 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
 
 def test_evaluate_feedback_corrects_requests_and_resumes_its_governor(tmp_path):
     out = tmp_path / "eval"
-    base = ["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
+    base = ["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
             "--targets", "1.5", "--methods", "uniform", "--videos", "0", "--threads", "1", "--feedback",
             "--out", str(out)]
     run_script([*base, "--prompts", "1"], tmp_path)
@@ -109,8 +109,7 @@ def test_feedback_requests_stay_inside_a_learned_schedulers_narrower_range(tmp_p
 
     import morca_env  # noqa: F401
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from evaluate import governor_for
+    from morca_env.commands.evaluate import governor_for
 
     env = gym.make("MorcaTiny-v0", budget=0, num_inference_steps=10, lpips=False,  # a measured calibration
                    reference_cache_dir=str(tmp_path))
@@ -127,7 +126,7 @@ def test_feedback_requests_stay_inside_a_learned_schedulers_narrower_range(tmp_p
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     out = tmp_path / "qs"
-    stdout = run_script(["scripts/quickstart.py", "--out", str(out), "--episodes", "4", "--workers", "1",
+    stdout = run_script(["-m", "morca_env.commands", "quickstart", "--out", str(out), "--episodes", "4", "--workers", "1",
                          "--offline-epochs", "1", "--max-steps-per-epoch", "2", "--rounds", "1", "--trajectories", "2",
                          "--warmup-epochs", "1", "--joint-epochs", "1", "--online-steps-per-epoch", "2",
                          "--eval-prompts", "1", "--targets", "2.0"], tmp_path, timeout=1800)
@@ -140,11 +139,11 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     """The headroom pipeline: per-prompt oracle and best fixed schedule, evaluated next to uniform at one K."""
     kwargs = json.dumps({"num_inference_steps": 10, "r_max": 200})
     search = tmp_path / "search"
-    run_script(["scripts/search_schedules.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts",
+    run_script(["-m", "morca_env.commands", "search", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts",
                 "tiny-eval", "--count", "2", "--targets", "1.8", "--evaluations", "6", "--out", str(search)], tmp_path)
     fixed = tmp_path / "fixed.json"
     budgets = sorted({json.loads(p.read_text())["budget"] for p in search.glob("*.json")})
-    stdout = run_script(["scripts/fit_fixed_schedule.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
+    stdout = run_script(["-m", "morca_env.commands", "fit-fixed", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
                          "--prompts", "tiny-train:2", "--budgets", *map(str, budgets), "--evaluations", "4",
                          "--out", str(tmp_path / "fit"), "--select-on", "tiny-train[5:6]", "--save", str(fixed)],
                         tmp_path)
@@ -153,7 +152,7 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     fits = json.loads(fixed.read_text())["fits"]
     assert all({"validation_psnr", "uniform_validation_psnr", "kept"} <= set(fit) for fit in fits.values())
     out = tmp_path / "eval"
-    run_script(["scripts/evaluate.py", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
+    run_script(["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
                 "--targets", "1.8", "--videos", "0", "--threads", "1", "--out", str(out), "--baselines", "uniform",
                 "--methods", "uniform", f"best-fixed={fixed}", f"searched={search}"], tmp_path)
     rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
@@ -166,12 +165,9 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
 
 
 def load_evaluate():
-    import importlib.util
+    from morca_env.commands import evaluate
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", ROOT / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return evaluate
 
 
 def test_item19_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
@@ -207,12 +203,12 @@ def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
     run_dir.mkdir()
     (run_dir / "args.json").write_text(json.dumps({"dataset": "morca/tiny/quickstart-v0"}))
     env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari")}
-    out = subprocess.run([sys.executable, "scripts/train_offline.py", "--dataset", "morca/tiny/quickstart-mixture-v0",
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "train", "--dataset", "morca/tiny/quickstart-mixture-v0",
                           "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode != 0 and "holds a run on dataset morca/tiny/quickstart-v0" in out.stderr
     # the same dataset (as older runs stored it, a plain string) passes the check and fails later, on the missing data
-    out = subprocess.run([sys.executable, "scripts/train_offline.py", "--dataset", "morca/tiny/quickstart-v0",
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "train", "--dataset", "morca/tiny/quickstart-v0",
                           "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode != 0 and "holds a run" not in out.stderr
@@ -223,10 +219,10 @@ def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_p
     """Table 3's script: one offline IQL per feature subset (the n-step targets passed through), evaluated at the
     same K next to the best fixed schedule and uniform spacing, paired against the first variant and the best
     fixed schedule."""
-    run_script(["scripts/collect.py", "datasets/morca/tiny/mixture-v0.json", "--dataset-id", "test/ablation-v0",
+    run_script(["-m", "morca_env.commands", "collect", "datasets/morca/tiny/mixture-v0.json", "--dataset-id", "test/ablation-v0",
                 "--episodes", "4", "--workers", "1"], tmp_path)
     out = tmp_path / "ablation"
-    run_script(["scripts/ablation_features.py", "--dataset", "test/ablation-v0", "--variants", "A0", "A1",
+    run_script(["scripts/experiments/ablation_features.py", "--dataset", "test/ablation-v0", "--variants", "A0", "A1",
                 "--epochs", "1", "--max-steps-per-epoch", "2", "--n-step", "7", "--prompts", "1", "--targets", "2.0",
                 "--seed", "3", "--same-k", "--suite", "tiny-train[11::132]", "--out", str(out)], tmp_path)
     trained = json.loads((out / "A1" / "args.json").read_text())

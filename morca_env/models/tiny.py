@@ -6,7 +6,7 @@ word-level tokenizer with a 2-layer ``UMT5EncoderModel``,
 Wan2.1's sampler (UniPC, flow prediction, shift 3) and no VAE: the "latent" is
 the RGB video itself (3 x 8 x 16 x 16, values in [-1, 1]). The weights ship
 inside the package and load offline with ``WanPipeline.from_pretrained``.
-See ``docs/morca_tiny.md`` (the model card) and ``scripts/train_tiny.py``.
+See ``docs/morca_tiny.md`` (the model card) and ``scripts/tiny/train_tiny.py``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def verify_weights(directory: Path | None = None) -> Path:
     if not manifest.is_file():
         raise MorcaTinyWeightsError(
             f"MorcaTiny weights not found at {directory} (no {MANIFEST}). Reinstall the package "
-            "(`pip install -e .`) or rebuild them with `python scripts/train_tiny.py`."
+            "(`pip install -e .`) or rebuild them with `python scripts/tiny/train_tiny.py`."
         )
     expected = json.loads(manifest.read_text())["sha256"]
     actual = file_digests(directory)
@@ -79,7 +79,7 @@ def verify_weights(directory: Path | None = None) -> Path:
         if actual[name] != digest:
             raise MorcaTinyWeightsError(
                 f"MorcaTiny weight file {directory / name} is corrupt (sha256 mismatch); reinstall the package "
-                "or rebuild it with `python scripts/train_tiny.py`"
+                "or rebuild it with `python scripts/tiny/train_tiny.py`"
             )
     return directory
 

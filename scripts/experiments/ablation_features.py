@@ -1,7 +1,7 @@
 """Table 3 ablation: which latent features the scheduler state includes (offline IQL, ~3x speedup).
 
-    python scripts/ablation_features.py --dataset morca/tiny/random-v0 --epochs 20 --prompts 50
-    python scripts/ablation_features.py --dataset morca/tiny/quickstart-mixture-v0 --variants A0 A1 full --epochs 60 \
+    python scripts/experiments/ablation_features.py --dataset morca/tiny/random-v0 --epochs 20 --prompts 50
+    python scripts/experiments/ablation_features.py --dataset morca/tiny/quickstart-mixture-v0 --variants A0 A1 full --epochs 60 \
         --max-steps-per-epoch 80 --n-step 50 --suite 'tiny-train[11::132]' --prompts 40 --targets 2.5 3 --same-k
 
 Trains offline IQL once per variant (A0: none ... all of P3, P2 mean, P2 variance)

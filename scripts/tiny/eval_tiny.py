@@ -1,7 +1,7 @@
 """Measure the packaged MorcaTiny model for its model card (docs/morca_tiny.md).
 
-    python scripts/eval_tiny.py                       # ~25 min on one core
-    python scripts/eval_tiny.py --prompts 40 --schedule-prompts 6 --schedules 10   # quick look
+    python scripts/tiny/eval_tiny.py                       # ~25 min on one core
+    python scripts/tiny/eval_tiny.py --prompts 40 --schedule-prompts 6 --schedules 10   # quick look
 
 1. Prompt following over `--prompts` tiny-eval prompts: the dominant foreground
    colour and the direction of the foreground centroid's motion, by pixel

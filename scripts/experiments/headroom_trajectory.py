@@ -1,6 +1,6 @@
 """Where along the run does a searched schedule win? (is the headroom kept error or cancelled error?)
 
-    python scripts/headroom_trajectory.py --prompts 'tiny-train[13::250]' --budget 35 --evaluations 60 \
+    python scripts/experiments/headroom_trajectory.py --prompts 'tiny-train[13::250]' --budget 35 --evaluations 60 \
         --workers 2 --out runs/trajectory
 
 A per-run searched schedule beats the best fixed schedule by ~1.5 dB at the same K, but no scheduler learned from

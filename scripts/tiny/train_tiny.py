@@ -1,7 +1,7 @@
 """Train MorcaTiny, the embedded CPU text-to-video model (flow matching, Wan's conventions).
 
-    python scripts/train_tiny.py                      # ~25 min on 2 CPU cores, writes the packaged weights
-    python scripts/train_tiny.py --steps 50 --out /tmp/tiny   # smoke run
+    python scripts/tiny/train_tiny.py                      # ~25 min on 2 CPU cores, writes the packaged weights
+    python scripts/tiny/train_tiny.py --steps 50 --out /tmp/tiny   # smoke run
 
 Rectified flow as in Wan: x_s = (1 - s) x0 + s eps, the model predicts eps - x0
 at timestep 1000 s, with s drawn from the shift-3 transform of U(0, 1) (the same

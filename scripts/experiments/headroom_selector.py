@@ -1,7 +1,7 @@
 """Can a scheduler reach the per-run headroom by choosing from a small library of searched schedules after
 watching the run's first steps? (`morca_env.library`)
 
-    python scripts/headroom_selector.py --budget 35 --prefix 8 --workers 2 --out runs/selector
+    python scripts/experiments/headroom_selector.py --budget 35 --prefix 8 --workers 2 --out runs/selector
 
 1. Searches one (prompt, seed) per search prompt at K, starting from the best fixed schedule with its first
    `--prefix` steps frozen (so every found schedule shares them).
@@ -54,7 +54,7 @@ def save_library(where: str, env, budget: int, entry: dict) -> Path:
 
     filename = f"{env.preset.name}_library.json"
     path = calibration_file(filename, where) if where in ("user", "packaged") else Path(where)
-    data = json.loads(path.read_text()) if path.exists() else {"source": "scripts/headroom_selector.py", "libraries": {}}
+    data = json.loads(path.read_text()) if path.exists() else {"source": "scripts/experiments/headroom_selector.py", "libraries": {}}
     data["libraries"][str(budget)] = entry
     data["libraries"] = dict(sorted(data["libraries"].items(), key=lambda kv: int(kv[0])))
     atomic_write_text(path, json.dumps(data) + "\n")

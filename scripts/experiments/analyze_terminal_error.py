@@ -1,6 +1,6 @@
 """Does step error predict terminal error? (paper Table 1), on a MORCA Minari dataset.
 
-    python scripts/analyze_terminal_error.py --dataset morca/tiny/random-v0
+    python scripts/experiments/analyze_terminal_error.py --dataset morca/tiny/random-v0
 
 Per episode, the target is the terminal PSNR. Two ridge-regression predictors
 are fitted on 80% of the episodes and scored (R^2, MAE) on the held-out 20%:

@@ -1,7 +1,7 @@
 """Where the searched headroom lives: does a schedule searched for one (prompt, seed) help the same prompt under
 other seeds, or other prompts?
 
-    python scripts/headroom_transfer.py --prompts 'tiny-train[7::1100]' --seeds 3 --budget 35 --evaluations 60 \
+    python scripts/experiments/headroom_transfer.py --prompts 'tiny-train[7::1100]' --seeds 3 --budget 35 --evaluations 60 \
         --workers 2 --out runs/transfer
 
 Searches every (prompt, seed) pair at one K (`morca_env.search`, resumable, parallel), then plays every found

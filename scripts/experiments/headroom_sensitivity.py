@@ -1,10 +1,10 @@
 """Is the per-run best schedule a smooth function of the run's noise? (what a selector could ever learn)
 
-    python scripts/headroom_sensitivity.py --library runs/selector/selector.json --runs 40 --workers 2 \
+    python scripts/experiments/headroom_sensitivity.py --library runs/selector/selector.json --runs 40 --workers 2 \
         --out runs/sensitivity
 
 A selector that reads the run (`morca_env.library`) can only pick well if runs that look alike want the same
-schedule. This measures it directly: each label run of a `scripts/headroom_selector.py` result is replayed with
+schedule. This measures it directly: each label run of a `scripts/experiments/headroom_selector.py` result is replayed with
 its initial noise nudged, x_T' = (x_T + eps z) / sqrt(1 + eps^2) (z a fixed independent draw), the reference
 and every library member regenerated, and the members' gains over member 0 compared with the unperturbed run's.
 Reported per eps: the correlation of the gains, and the gain of playing on the nudged run the member that was best
@@ -76,7 +76,7 @@ def plot(path: Path, grid: dict, best_on_base: np.ndarray, budget: int) -> None:
 def main(argv=None) -> int:
     show_library_messages()
     p = experiment_parser(__doc__)
-    p.add_argument("--library", type=Path, required=True, help="selector.json of scripts/headroom_selector.py")
+    p.add_argument("--library", type=Path, required=True, help="selector.json of scripts/experiments/headroom_selector.py")
     p.add_argument("--members", type=positive_int, default=5, help="first library members compared")
     p.add_argument("--runs", type=positive_int, default=40, help="first label runs replayed")
     p.add_argument("--eps", type=float, nargs="+", default=[0.0, 0.02, 0.1, 0.3])

@@ -1,9 +1,9 @@
 """Table 4 ablation: the training paradigm at ~3x speedup, with comparable numbers of trajectories.
 
-    python scripts/ablation_training.py --dataset morca/tiny/random-v0 --offline-epochs 20 \
+    python scripts/experiments/ablation_training.py --dataset morca/tiny/random-v0 --offline-epochs 20 \
         --rounds 4 --trajectories 50 --prompts 50
-    python scripts/ablation_training.py --episodes 200 ...   # D = the dataset's first 200 episodes
-    python scripts/ablation_training.py --features "" --n-step 50 ...   # the variant that learns on a CPU
+    python scripts/experiments/ablation_training.py --episodes 200 ...   # D = the dataset's first 200 episodes
+    python scripts/experiments/ablation_training.py --features "" --n-step 50 ...   # the variant that learns on a CPU
 
 Compares, on held-out prompts:
   * offline IQL            (the dataset's D trajectories)

@@ -1,7 +1,7 @@
 """Short MorcaTiny variants for research on prompt following (the model card's direction table).
 
-    python scripts/pilot_tiny.py --out /tmp/d16 --world direction      # MorcaTiny's own shape, ~12 min, one core
-    python scripts/pilot_tiny.py --world full --hw 32 --patch 8 2 2 --out /tmp/p32   # the first v0's shape
+    python scripts/tiny/pilot_tiny.py --out /tmp/d16 --world direction      # MorcaTiny's own shape, ~12 min, one core
+    python scripts/tiny/pilot_tiny.py --world full --hw 32 --patch 8 2 2 --out /tmp/p32   # the first v0's shape
 
 Trains a variant with `train_tiny.main` (same objective, optimiser and EMA), then
 reports which prompt words it reads (`tiny_probe.prompt_sensitivity`) and how

@@ -1,0 +1,1 @@
+"""The `morca` subcommands of the agents package (registered in pyproject.toml's `morca_gym.commands`)."""

@@ -1,0 +1,79 @@
+"""The `morca` command: one subcommand per job (`morca collect ...`, `morca train ...`, `morca --help`).
+
+Subcommands come from the `morca_gym.commands` entry-point group, so the `agents`
+package adds its own (train, finetune, reinforce, quickstart) without `morca_env`
+importing it. Each subcommand is a module with `main(argv) -> int`; `python
+scripts/<name>.py` calls the same `main`. Listing them reads each module's
+docstring from its file (nothing imported), so `morca --help` is fast and works
+without the optional extras.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import time
+from importlib.metadata import entry_points
+from importlib.util import find_spec
+
+GROUP = "morca_gym.commands"
+
+
+def commands() -> dict:
+    """Subcommand name -> its entry point, sorted by name."""
+    return dict(sorted((point.name, point) for point in entry_points(group=GROUP)))
+
+
+def summary(point) -> str:
+    """The first line of the subcommand module's docstring, read from its source file."""
+    module = point.value.split(":")[0]
+    try:
+        spec = find_spec(module)  # imports the parent packages, not the module itself
+    except ImportError as error:  # e.g. agents without its extra: the error names the extra to install
+        return f"(unavailable: {str(error).split(': ', 1)[-1]})"
+    if spec is None or not spec.origin:
+        return f"(not installed: {module})"
+    with open(spec.origin, encoding="utf-8") as source:
+        doc = ast.get_docstring(ast.parse(source.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def usage() -> str:
+    rows = [f"  {name:<16} {summary(point)}" for name, point in commands().items()]
+    return ("usage: morca <command> [options]     (morca <command> --help for its options)\n\ncommands:\n"
+            + "\n".join(rows))
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    found = commands()
+    if name not in found:
+        print(f"morca: unknown command {name!r}; valid: {', '.join(found)}", file=sys.stderr)
+        return 2
+    try:
+        command = found[name].load()
+    except ImportError as error:  # a subcommand of a package whose extra is missing: say which, no traceback
+        print(f"morca {name}: {error}", file=sys.stderr)
+        return 1
+    return command(rest) or 0
+
+
+def run_step(step: str, args: list[str], env: dict) -> None:
+    """Run `morca <args>` in a fresh process (a pipeline's step: its memory and threads end with it), showing its
+    output and time; a failed step raises `CalledProcessError`."""
+    print(f"\n=== {step}: morca {' '.join(args)}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "morca_env.commands", *args], env=env, check=True)
+    print(f"=== {step} done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def resume_flag(run_dir) -> list[str]:
+    """`--resume` when `run_dir` holds a checkpointed run (a rerun continues it)."""
+    from pathlib import Path
+
+    return ["--resume"] if (Path(run_dir) / "latest.json").exists() else []

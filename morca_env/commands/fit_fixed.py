@@ -1,0 +1,101 @@
+"""Fit the best fixed schedule: for each K, the schedule with the highest mean PSNR over training prompts.
+
+    morca fit-fixed --budgets 34 39 44                       # MorcaTiny, 12 spread tiny-train prompts
+    morca fit-fixed --budgets 34 39 44 --prompts tiny-train:16 --evaluations 200 --workers 2
+    morca fit-fixed --budgets 29 30 34 35 38 39 --prompts 'tiny-train[::464]' --evaluations 80 \
+        --select-on 'tiny-train[11:2651:132]' --fresh --save packaged      # how the shipped one was made
+
+One `morca_env.search` hill climb per K (each candidate played on every
+training prompt); resumable (`--out` keeps every evaluated episode). With
+`--select-on`, each K keeps its fitted schedule only if it beats uniform spacing
+on those validation prompts (disjoint from the training ones), else uniform
+spacing. Writes the schedules as a `StaticSchedule` file (`--save`, default: the
+user calibration directory, where `StaticSchedule.packaged` finds it; `--save
+packaged` writes the copy shipped with the package), merged into the K's already
+there unless `--fresh`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+from tqdm import tqdm
+
+import morca_env  # noqa: F401
+from morca_env.io import atomic_write_text
+from morca_env.calibration_files import calibration_file
+from morca_env.prompts import get_suite
+from morca_env.search import SearchConfig, SearchTask, search_many
+from morca_env.cli import json_dict, nonnegative_int, positive_int
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="morca fit-fixed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
+    p.add_argument("--budgets", type=nonnegative_int, nargs="+", required=True, help="the K values to fit")
+    p.add_argument("--prompts", default="tiny-train[::464]", help="training prompts with fixed seeds (<suite>:<n> or "
+                   "<suite>[start:stop:step]; default: 12 spread over MorcaTiny's grammar)")
+    p.add_argument("--evaluations", type=positive_int, default=120, help="schedules evaluated per K")
+    p.add_argument("--seed", type=int, default=0, help="search RNG seed")
+    p.add_argument("--workers", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--out", type=Path, default=Path("runs/fixed_schedule"), help="search logs (resumable)")
+    p.add_argument("--save", default="user", help="'user', 'packaged' or a file path")
+    p.add_argument("--select-on", default=None, help="validation prompts (a training-suite slice disjoint from "
+                   "--prompts): per K, keep the fitted schedule only where it beats uniform spacing there")
+    p.add_argument("--fresh", action="store_true", help="write only this run's K's (default: merge into the file)")
+    args = p.parse_args(argv)
+    for option, suite in (("--prompts", args.prompts), ("--select-on", args.select_on)):
+        if suite is not None and suite.startswith(("tiny-eval", "vbench-eval")):
+            p.error(f"{option} {suite!r} is an evaluation suite; fit and select on training prompts")
+    pairs = tuple(get_suite(args.prompts).pairs())
+    validation = tuple(get_suite(args.select_on).pairs()) if args.select_on else ()
+    shared = sorted({prompt for prompt, _ in pairs} & {prompt for prompt, _ in validation})
+    if shared:
+        p.error(f"--select-on shares {len(shared)} prompts with --prompts (e.g. {shared[0]!r}); use disjoint slices")
+    env_kwargs = args.env_kwargs
+    spec = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped.budget_spec
+    for k in args.budgets:
+        spec.check_budget(k)
+    tasks = [SearchTask(f"fixed_K{k:03d}", pairs, k) for k in args.budgets]
+    results = search_many(tasks, args.env, env_kwargs, args.out, SearchConfig(evaluations=args.evaluations, seed=args.seed),
+                          workers=args.workers, threads=args.threads)
+    model = gym.spec(args.env).kwargs["model"]
+    path = (calibration_file(f"{model}_fixed_schedules.json", args.save) if args.save in ("user", "packaged")
+            else Path(args.save))
+    old = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
+    fitted = {str(r["budget"]): r["schedule"] for r in results}
+    fits = {str(r["budget"]): {"train_psnr": r["value"], "uniform_train_psnr": r["start_value"],
+                               "evaluations": r["evaluations"]} for r in results}
+    if validation:
+        from morca_env.search import validated_schedule
+
+        env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs)
+        for k, schedule in tqdm(list(fitted.items()), desc="validation", unit="K"):
+            fitted[k], scores = validated_schedule(env, schedule, validation, args.out / f"validation_K{int(k):03d}.jsonl")
+            fits[k].update(scores)
+        env.close()
+    source = (f"scripts/fit_fixed_schedule.py --prompts {args.prompts} --evaluations {args.evaluations} "
+              f"--seed {args.seed}" + (f" --select-on {args.select_on}" if validation else "") + f" ({args.env})")
+    atomic_write_text(path, json.dumps({"source": source, "prompts": args.prompts, "select_on": args.select_on,
+                                        "schedules": {**old.get("schedules", {}), **fitted},
+                                        "fits": {**old.get("fits", {}), **fits}}, indent=1) + "\n")
+    for r in results:
+        fit = fits[str(r["budget"])]
+        line = (f"K={r['budget']}: mean training PSNR {r['value']:.2f} dB (uniform {r['start_value']:.2f}), "
+                f"{r['evaluations']} schedules x {len(pairs)} prompts")
+        if "kept" in fit:
+            line += (f"; validation {fit['validation_psnr']:.2f} dB (uniform {fit['uniform_validation_psnr']:.2f}) "
+                     f"over {len(validation)} prompts: kept {fit['kept']}")
+        print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The `morca` command: every subcommand listed, each one's --help, and a clear error for a wrong name."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from morca_env import commands
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
+            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report"}
+
+
+def test_morca_help_lists_every_subcommand_with_its_summary():
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert listed == EXPECTED == set(commands.commands())
+    assert "Offline discrete IQL" in out.stdout and "(unavailable" not in out.stdout  # read from the modules
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_subcommand_help_names_itself(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main([name, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: morca {name} ")
+
+
+def test_an_unknown_subcommand_is_refused_naming_the_valid_ones(capsys):
+    assert commands.main(["colect"]) == 2
+    assert "unknown command 'colect'; valid: calibrate, collect" in capsys.readouterr().err
+
+
+def test_every_product_script_is_a_thin_wrapper():
+    """The logic lives in the installed package; `python scripts/<name>.py` keeps working through the same main."""
+    for script in (ROOT / "scripts").glob("*.py"):
+        assert len(script.read_text().splitlines()) <= 80, script.name
