@@ -14,8 +14,9 @@ require("tensorboard", "the agents package's training logs")
 from .iql import DiscreteIQL, DiscreteIQLConfig  # noqa: E402
 from .networks import MorcaEncoderFactory, MorcaNetwork, MorcaTrunk
 from .policy import MorcaEnsemble, MorcaPolicy, observation_batch
+from .offline import OfflineConfig, OfflineTrainer  # noqa: E402
 from .online import OnlineConfig, OnlineTrainer  # noqa: E402
 from .reinforce import Reinforce, ReinforceConfig, ReinforcePolicy  # noqa: E402  (registers "reinforce"; policy, "morca")
 
 __all__ = ["DiscreteIQL", "DiscreteIQLConfig", "MorcaEncoderFactory", "MorcaEnsemble", "MorcaNetwork", "MorcaPolicy",
-           "OnlineConfig", "OnlineTrainer", "Reinforce", "ReinforceConfig", "ReinforcePolicy"]
+           "OfflineConfig", "OfflineTrainer", "OnlineConfig", "OnlineTrainer", "Reinforce", "ReinforceConfig", "ReinforcePolicy"]

@@ -92,3 +92,38 @@ def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.A
                    help="torch threads per worker (default: from the cores free now and the workers)")
     p.add_argument("--out", type=Path, required=True, help="output folder (a rerun resumes from it)")
     return p
+
+
+def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny-v0") -> None:
+    """--env, --env-kwargs and --prompts of a trainer that plays episodes (see `training_env_kwargs`)."""
+    p.add_argument("--env", default=env)
+    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
+    p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
+                                     "dataset's prompts, whose references are cached)")
+
+
+def training_env_kwargs(args) -> dict:
+    """The env kwargs a trainer's episodes run with: --env-kwargs, the training prompts, no LPIPS."""
+    kwargs = {"lpips": False, **args.env_kwargs}
+    prompts = args.prompts or ("tiny-train:250" if args.env == "MorcaTiny-v0" else None)
+    if prompts:
+        kwargs["prompts"] = prompts
+    return kwargs
+
+
+def add_run_arguments(p: argparse.ArgumentParser, run_dir: str, resume: str = "continue the run in --run-dir",
+                      device: bool = True) -> None:
+    """What every training run takes: its folder, --resume, the device, torch threads and the seed."""
+    p.add_argument("--run-dir", type=Path, default=Path(run_dir))
+    p.add_argument("--resume", action="store_true", help=resume)
+    if device:
+        p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def refuse_to_overwrite(run_dir: Path, marker: str, resume: bool) -> None:
+    """Stop before a new run writes over the one in `run_dir` (its `marker` file exists) unless resuming it."""
+    if (run_dir / marker).exists() and not resume:
+        raise SystemExit(f"{run_dir} already holds a run; pass --resume to continue it or use another --run-dir")

@@ -1,3 +1,4 @@
+import dataclasses
 import subprocess
 import sys
 
@@ -365,3 +366,23 @@ def test_pace_pulls_the_policy_toward_an_even_spend_of_the_budget():
     assert MorcaPolicy(algo)(behind) == 0 and MorcaPolicy(algo, pace=10.0)(behind) == 1  # behind: catch up
     with pytest.raises(ValueError, match="pace=-1.0 must be >= 0"):
         MorcaPolicy(algo, pace=-1.0)
+
+
+def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tmp_path):
+    """Stopped after 2 of 3 epochs, a new trainer continues at epoch 3 from the last checkpoint's weights."""
+    from agents import OfflineConfig, OfflineTrainer
+    from agents.checkpoint import load_learnable
+
+    d3rlpy.seed(0)
+    config = OfflineConfig(epochs=2, batch_size=4, features="", max_steps_per_epoch=3)
+    OfflineTrainer(synthetic_buffer(4), config, tmp_path).run()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.d3")) == ["0000.d3", "0001.d3"]
+    after_two = load_learnable(tmp_path / "final.d3").impl.policy.state_dict()
+    resumed = OfflineTrainer(synthetic_buffer(4), dataclasses.replace(config, epochs=3), tmp_path)
+    assert resumed.resume() == 2
+    loaded = resumed.algo.impl.policy.state_dict()
+    assert all(torch.equal(loaded[k], after_two[k]) for k in after_two)  # the weights of epoch 2, not fresh ones
+    resumed.run()
+    assert (tmp_path / "checkpoints" / "0002.d3").exists() and not (tmp_path / "checkpoints" / "0003.d3").exists()
+    with pytest.raises(ValueError, match="epochs=0 must be a positive integer"):
+        OfflineConfig(epochs=0)

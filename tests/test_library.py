@@ -186,7 +186,7 @@ def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp
     fixed.write_text(json.dumps({"schedules": {"4": UniformInterval().plan(spec, 4)}}))
     saved = tmp_path / "library.json"
     result = subprocess.run(
-        [sys.executable, str(root / "scripts" / "headroom_selector.py"), "--env", "MorcaTinyRandom-v0",
+        [sys.executable, str(root / "scripts" / "experiments" / "headroom_selector.py"), "--env", "MorcaTinyRandom-v0",
          "--env-kwargs", json.dumps(kwargs), "--budget", "4", "--prefix", "3", "--size", "3", "--evaluations", "6",
          "--search-prompts", "tiny-train[23:28]", "--label-prompts", "tiny-train[41:51]",
          "--validation-prompts", "tiny-train[59:63]", "--best-fixed", str(fixed), "--threads", "1",
@@ -224,7 +224,7 @@ def test_sensitivity_script_replays_the_runs_exactly_at_eps_zero(tmp_path):
     library.write_text(json.dumps({"budget": 4, "members": ["a", "b", "full"],
                                    "library": {"a": uniform, "b": other, "full": full}, "label": {"pairs": pairs}}))
     result = subprocess.run(
-        [sys.executable, str(root / "scripts" / "headroom_sensitivity.py"), "--env", "MorcaTinyRandom-v0",
+        [sys.executable, str(root / "scripts" / "experiments" / "headroom_sensitivity.py"), "--env", "MorcaTinyRandom-v0",
          "--env-kwargs", json.dumps(kwargs), "--library", str(library), "--members", "3", "--runs", "2",
          "--eps", "0", "0.5", "--threads", "1", "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

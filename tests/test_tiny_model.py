@@ -114,7 +114,7 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import train_tiny
 
     out = tmp_path / "weights"
@@ -138,7 +138,7 @@ def test_train_tiny_from_scratch_is_reproducible_and_matches_the_shipped_archite
 
     from safetensors.torch import load_file
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import train_tiny
 
     runs = []
@@ -160,7 +160,7 @@ def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import eval_tiny
 
     metrics = tmp_path / "metrics.json"
@@ -199,7 +199,7 @@ def test_pilot_trains_a_variant_in_its_own_process_and_reports(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "variant"
-    run = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(out), "--world", "direction",
+    run = subprocess.run([sys.executable, str(root / "scripts" / "tiny" / "pilot_tiny.py"), "--out", str(out), "--world", "direction",
                           "--hw", "8", "--patch", "1", "2", "2", "--steps", "2", "--samples", "4",
                           "--", "--batch-size", "2", "--warmup", "1"], capture_output=True, text=True, cwd=root)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -208,6 +208,6 @@ def test_pilot_trains_a_variant_in_its_own_process_and_reports(tmp_path):
     assert {k.split("->")[0] for k in report["samples"]["direction_confusion"]} == {"left", "right", "up", "down"}
     variant = tiny.load_morca_tiny(directory=out)
     assert tuple(variant.transformer.config.patch_size) == (1, 2, 2) != tuple(tiny.TRANSFORMER_CONFIG["patch_size"])
-    bad = subprocess.run([sys.executable, str(root / "scripts" / "pilot_tiny.py"), "--out", str(tiny.weights_dir())],
+    bad = subprocess.run([sys.executable, str(root / "scripts" / "tiny" / "pilot_tiny.py"), "--out", str(tiny.weights_dir())],
                          capture_output=True, text=True, cwd=root)
     assert bad.returncode != 0 and "packaged weights directory" in bad.stderr

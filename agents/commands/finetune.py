@@ -26,7 +26,8 @@ import minari
 import morca_env  # noqa: F401
 from agents.checkpoint import load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, refuse_to_overwrite,
+                           show_library_messages, training_env_kwargs)
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -42,10 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--from-scratch", action="store_true", help="online IQL without offline weights or data")
     p.add_argument("--features", default="p3,mean,var",
                    help="latent features of the networks with --from-scratch (an offline checkpoint keeps its own)")
-    p.add_argument("--env", default="MorcaTiny-v0")
-    p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
-    p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
-                                     "dataset's prompts, whose references are cached)")
+    add_training_env_arguments(p)
     p.add_argument("--rounds", type=positive_int, default=16)
     p.add_argument("--trajectories", type=positive_int, default=100, help="new trajectories per round")
     p.add_argument("--warmup-epochs", type=positive_int, default=5)
@@ -58,12 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--speedup-range", type=float, nargs=2,
                    help="per-episode target speedups (default: the model's data range, 1.5-3.5 for MorcaTiny)")
     p.add_argument("--max-steps-per-epoch", type=positive_int)
-    p.add_argument("--run-dir", type=Path, default=Path("runs/online"))
-    p.add_argument("--resume", action="store_true", help="continue after the last finished round")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads (default: chosen from the free cores, see morca_env.threads)")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p, "runs/online", resume="continue after the last finished round")
     return p.parse_args(argv)
 
 
@@ -74,13 +67,8 @@ def main(argv=None) -> int:
         raise SystemExit("pass --offline <checkpoint.d3> (and --dataset), or --from-scratch")
     configure_threads(args.threads)
     d3rlpy.seed(args.seed)
-    if (args.run_dir / "latest.json").exists() and not args.resume:
-        raise SystemExit(f"{args.run_dir} already holds a run; pass --resume to continue it or use another --run-dir")
-    env_kwargs = dict(args.env_kwargs)
-    prompts = args.prompts or ("tiny-train:250" if args.env == "MorcaTiny-v0" else None)
-    if prompts:
-        env_kwargs["prompts"] = prompts
-    env = gym.make(args.env, lpips=False, **env_kwargs)
+    refuse_to_overwrite(args.run_dir, "latest.json", args.resume)
+    env = gym.make(args.env, **training_env_kwargs(args))
     offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
     buffer = None
     if args.dataset and not args.from_scratch:

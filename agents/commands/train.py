@@ -15,19 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
 import minari
-from torch.utils.tensorboard import SummaryWriter
 
-from agents.checkpoint import load_learnable, save_learnable
-from agents.iql import DiscreteIQLConfig
-from agents.networks import MorcaEncoderFactory
-from agents.training import CheckpointDir, batch_source, run_updates, steps_per_epoch
-from morca_env.cli import positive_int, show_library_messages
+from agents.offline import OfflineConfig, OfflineTrainer
+from morca_env.cli import add_run_arguments, positive_int, show_library_messages
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -48,12 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--episodes", type=positive_int, help="train on the dataset's first N episodes (default: all)")
     p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
     p.add_argument("--max-steps-per-epoch", type=positive_int, help="cap the updates per epoch (default: a full pass)")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/offline"))
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads (default: chosen from the free cores, see morca_env.threads)")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p, "runs/offline", resume="continue after the last finished epoch")
     return p.parse_args(argv)
 
 
@@ -69,39 +58,17 @@ def main(argv=None) -> int:
                              "use another --run-dir (or remove this one) to train on the new data")
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
-    dataset = datasets[0]
-    buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(dataset, args.episodes),
+    buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(datasets[0], args.episodes),
                               n_step=args.n_step)
-    encoder = MorcaEncoderFactory(features=args.features)
-    algo = DiscreteIQLConfig(actor_learning_rate=args.lr, critic_learning_rate=args.lr, batch_size=args.batch_size,
-                             weight_temp=args.beta, max_weight=args.w_max, expectile=args.expectile,
-                             actor_encoder_factory=encoder, critic_encoder_factory=encoder,
-                             value_encoder_factory=encoder).create(device=args.device)
-    algo.build_with_dataset(buffer)
-    checkpoints = CheckpointDir(args.run_dir)
-    start = 0
-    if args.resume and (found := checkpoints.latest()) is not None:
-        path, state = found
-        algo = load_learnable(path, device=args.device)
-        start = state["index"] + 1
-        print(f"resumed from {path} (epoch {start})")
+    config = OfflineConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size, beta=args.beta,
+                           max_weight=args.w_max, expectile=args.expectile, features=args.features,
+                           max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
+    trainer = OfflineTrainer(buffer, config, args.run_dir)
+    if args.resume:
+        trainer.resume()
     (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
-    epoch_steps = steps_per_epoch(buffer, args.batch_size, args.max_steps_per_epoch)
-    print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes, {buffer.transition_count} transitions; "
-          f"{epoch_steps} updates per epoch, epochs {start + 1}..{args.epochs}")
-    writer = SummaryWriter(str(args.run_dir / "tb"))
-    batches = batch_source(buffer, algo)
-    for epoch in range(start, args.epochs):
-        t0 = time.perf_counter()
-        metrics = run_updates(algo, batches, epoch_steps, writer, "offline", f"epoch {epoch + 1}/{args.epochs}")
-        seconds = time.perf_counter() - t0
-        checkpoints.save(algo, epoch, {"metrics": metrics})
-        print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
-              f" | {epoch_steps * args.batch_size / seconds:.0f} transitions/s, {epoch_steps / seconds:.2f} updates/s")
-    writer.close()
-    final = args.run_dir / "final.d3"
-    save_learnable(algo, final)
-    print(f"saved {final}")
+    print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes")
+    trainer.run()
     return 0
 
 
