@@ -477,7 +477,7 @@ class MorcaEnv(gym.Env):
             video = to_uint8(self.denoiser.decode())
             self.last_video = video
             final = video_metrics(video, self.reference_video, self._lpips)
-            reward = float(min(final["psnr"], self.r_max))
+            reward = self.terminal_reward(final["psnr"])
             final["latency_s"] = latency = self.denoiser.elapsed_s + self._overhead_s
             final["speedup"] = self.reference_latency / latency
             final["overhead_s"] = self._overhead_s  # the one in latency_s (the terminal observation is not)
@@ -511,6 +511,15 @@ class MorcaEnv(gym.Env):
         if video is None:
             return None
         return video[video.shape[0] // 2].numpy()
+
+    def terminal_reward(self, psnr: float) -> float:
+        """The reward of a finished video with this PSNR: min(PSNR, r_max) (every side run scores with this)."""
+        return float(min(psnr, self.r_max))
+
+    def side_run(self) -> StepwiseDenoiser:
+        """A private denoiser on this env's pipeline, config and device, for runs beside the episode (schedule
+        search, replays, probes): the same model and noise as the env's episodes. The caller closes it."""
+        return StepwiseDenoiser(self.pipe, self.config, device=self.device)
 
     def close(self):
         if getattr(self, "denoiser", None) is not None:

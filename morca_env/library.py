@@ -168,10 +168,7 @@ def _play_job(env, job) -> tuple[int, list[float], dict[str, np.ndarray]]:
             rewards.append(reward)
         features = {}
         if prefix or profile:
-            from .denoiser import StepwiseDenoiser
-
-            env = env.unwrapped
-            denoiser = StepwiseDenoiser(env.pipe, env.config, device=env.device)
+            denoiser = env.unwrapped.side_run()
             try:
                 if prefix:
                     features.update(switch_features(denoiser, prefix, prompt, seed))

@@ -139,11 +139,9 @@ class SchedulePlayer:
     """
 
     def __init__(self, env, prompt: str, seed: int):
-        from .denoiser import StepwiseDenoiser
-
         self.env = env.unwrapped
         self.prompt, self.seed = prompt, int(seed)
-        self.denoiser = StepwiseDenoiser(self.env.pipe, self.env.config, device=self.env.device)
+        self.denoiser = self.env.side_run()
         self._anchor: tuple[list[int], list, float] | None = None  # (schedule, snapshots before each step, reward)
         self._reference = None
 
@@ -179,7 +177,7 @@ class SchedulePlayer:
             snapshots.append(den.snapshot())
             den.step(reuse=bool(schedule[i]))
         psnr = float(video_metrics(to_uint8(den.decode()), reference, None)["psnr"])
-        reward = float(min(psnr, env.r_max))
+        reward = env.terminal_reward(psnr)
         if self._anchor is None or reward > self._anchor[2]:
             self._anchor = (schedule, snapshots, reward)
         return reward, psnr

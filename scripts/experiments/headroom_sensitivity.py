@@ -27,12 +27,11 @@ from morca_env.threads import configure_threads
 
 def nudged_psnrs(env, job) -> tuple[int, float, list[float]]:
     """PSNR of each member on (prompt, seed) with the noise nudged by eps, against that run's own reference."""
-    from morca_env.denoiser import StepwiseDenoiser
     from morca_env.metrics import to_uint8, video_metrics
 
     index, prompt, seed, eps, members = job
     env = env.unwrapped  # one env per worker process (`morca_env.workers`)
-    den = StepwiseDenoiser(env.pipe, env.config, device=env.device)
+    den = env.side_run()
     try:
         noise = den.start(prompt=prompt, seed=seed).clone()
         z = torch.randn(noise.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=noise.dtype)
@@ -41,7 +40,7 @@ def nudged_psnrs(env, job) -> tuple[int, float, list[float]]:
         psnrs = []
         for schedule in members:
             video = to_uint8(den.generate(schedule, prompt=prompt, seed=seed, latents=latents))
-            psnrs.append(min(float(video_metrics(video, reference, None)["psnr"]), env.r_max))
+            psnrs.append(env.terminal_reward(float(video_metrics(video, reference, None)["psnr"])))
     finally:
         den.close()
     return index, eps, psnrs

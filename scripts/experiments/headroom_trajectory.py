@@ -65,13 +65,12 @@ def compare(env, pairs, schedules: dict[str, list[list[int]]], branch_steps: lis
     finished without cache from each of `branch_steps` on."""
     from tqdm import tqdm
 
-    from morca_env.denoiser import StepwiseDenoiser
     from morca_env.metrics import to_uint8, video_metrics
 
     def psnr(video, reference) -> float:
-        return min(float(video_metrics(to_uint8(video), reference, None)["psnr"]), env.r_max)
+        return env.terminal_reward(float(video_metrics(to_uint8(video), reference, None)["psnr"]))
 
-    den = StepwiseDenoiser(env.pipe, env.config, device=env.device)
+    den = env.side_run()
     out = {kind: {"latent": [], "x0": [], "psnr": [], "continued": []} for kind in schedules}
     try:
         for b, (prompt, seed) in enumerate(tqdm(pairs, desc="trajectories", unit="run")):
