@@ -132,3 +132,41 @@ def test_jittered_best_fixed_moves_the_fitted_schedule_a_little(envs, tmp_path):
         schedulers.make("jittered-best-fixed", env, path=str(path), max_shift=0)
     with pytest.raises(ValueError, match="weights"):
         schedulers.make("mixture", env, components=[{"name": "uniform", "weight": -1}])
+
+
+MAP = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # a threshold map for schedulers run without an env
+UNDER_ACCELERATE = {"random": {"seed": 0}, "seacache": {"delta": 0.3}, "seacache-global": {"threshold_map": MAP},
+                    "threshold-curve": {"threshold_map": MAP, "seed": 0}, "jittered-uniform": {"seed": 0},
+                    "mixture": {"components": [{"name": "uniform"}, {"name": "random"}], "seed": 0},
+                    "seacache-exact": {}, "uniform": {}}
+
+
+def test_every_scheduler_is_in_a_contract_test():
+    """Each registry entry is played at exact K above (or, needing files, in its own test) and under `accelerate`
+    below or in tests/rule_forms.py (the rules): a new entry must join one of them."""
+    rules = {n for n in schedulers.names() if schedulers.entry(n).factory.__module__.startswith(
+        "morca_env.schedulers.rules")}
+    assert set(schedulers.names()) - rules - set(NEEDS_FILES) - {"fixed"} == set(UNDER_ACCELERATE)
+
+
+@pytest.mark.parametrize("name", sorted(UNDER_ACCELERATE))
+def test_every_scheduler_drives_a_stock_pipeline_at_exact_k(name):
+    """The same schedulers on a stock tiny Wan2.1 pipeline call (`accelerate`, no env): exactly K reuses, none on a
+    forced step, and schedulers that spend exactly K are never overridden by the mask."""
+    import torch
+
+    from tests.conftest import make_pipe, prompt_embeds
+
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    embeds = prompt_embeds()
+    calibration = morca_env.SpeedupCalibration(alpha=12.0, beta=12.0, max_budget=10)
+    policy = schedulers.make(name, pipe=pipe, **UNDER_ACCELERATE[name]) if name == "seacache-exact" else \
+        schedulers.make(name, **UNDER_ACCELERATE[name])
+    result = morca_env.accelerate(pipe, policy, speedup=2.0, calibration=calibration,
+                                  generator=torch.Generator().manual_seed(0), prompt_embeds=embeds[0],
+                                  negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
+                                  num_inference_steps=12, output_type="latent", guidance_scale=5.0)
+    assert sum(result.schedule) == calibration.budget_for_speedup(2.0)
+    assert result.schedule[0] == 0 and result.schedule[-1] == 0
+    if schedulers.needs_exact_budget(policy):
+        assert result.num_projected == 0
