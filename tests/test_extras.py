@@ -38,6 +38,18 @@ def test_the_core_venv_has_torchrl_and_tianshou_and_no_extra():
             __import__(module)
 
 
+@pytest.mark.skipif(not CORE_ONLY, reason="the agents' commands load in the full venv")
+def test_in_the_core_venv_morca_lists_every_command_and_the_agents_ones_name_their_extra(capsys):
+    from morca_env import commands
+
+    assert "train            (unavailable: " in commands.usage() and "[agents]" in commands.usage()
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main(["collect", "--help"])
+    assert exit_info.value.code == 0
+    assert commands.main(["train", "--help"]) == 1
+    assert "pip install 'morca-gym[agents]'" in capsys.readouterr().err
+
+
 def test_require_names_the_extra():
     with pytest.raises(MissingExtra, match=r"to_replay_buffer needs d3rlpy, which is not installed: "
                                            r"pip install 'morca-gym\[agents\]'"):

@@ -31,7 +31,7 @@ def summary(point) -> str:
     try:
         spec = find_spec(module)  # imports the parent packages, not the module itself
     except ImportError as error:  # e.g. agents without its extra: the error names the extra to install
-        return f"(unavailable: {str(error).split(': ', 1)[-1]})"
+        return f"(unavailable: {error})"
     if spec is None or not spec.origin:
         return f"(not installed: {module})"
     with open(spec.origin, encoding="utf-8") as source:
