@@ -9,11 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rliable")  # the [benchmark] extra
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import leaderboard  # noqa: E402
-import leaderboard_report  # noqa: E402
+from agents import leaderboard, leaderboard_report  # noqa: E402
 
 
 def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
@@ -27,7 +23,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     results += [run("best fixed", 0, (100.0, 100.0), family="rule", dataset="-", rule="best-fixed")]
     results += [run("C", s, (500.0, 500.0)) for s in range(3)]  # 3 of 5 seeds: not ranked yet
     args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
-                              command="python scripts/leaderboard.py --seeds 5")
+                              command="morca leaderboard --seeds 5")
     page = tmp_path / "board.md"
     leaderboard_report.write_page(results, args, page, expected=results + [run("D", 0, (0, 0), dataset="random")])
     text = page.read_text()
@@ -38,7 +34,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     iqm = float(rows[2].split(" | ")[3].split(" ")[0])
     assert middle.min() <= iqm <= middle.max()
     assert "Not ranked (seeds still running): C (mixture)" in text and "Not run yet (rerun the command to continue): D (random)" in text and "Top: **B on mixture**." in text
-    assert "`python scripts/leaderboard.py --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
+    assert "`morca leaderboard --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
 
 
 def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path):
@@ -53,4 +49,4 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path):
     stamps = [f.stat().st_mtime_ns for f in files]
     assert leaderboard.main(argv) == 0  # nothing left to run: the same files, the page rewritten
     assert [f.stat().st_mtime_ns for f in files] == stamps
-    assert "python scripts/leaderboard.py --only rules" in page.read_text()
+    assert "morca leaderboard --only rules" in page.read_text()
