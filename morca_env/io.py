@@ -1,10 +1,13 @@
-"""Atomic file writes: a crash leaves the old file or the new one, never half of either."""
+"""Files that survive crashes and concurrent runs: atomic writes (a crash leaves the old file or the new one,
+never half of either), JSON-lines logs that tolerate a torn last line, one writer per output (an OS lock)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -47,3 +50,65 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_json_lines(path: str | Path) -> list[dict]:
+    """The rows of an append-only JSON-lines log. A torn last line (a crash in the middle of a write) is dropped
+    with a warning, since the row it held is simply redone; a bad line before the end means the file was damaged
+    otherwise, and the error names the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                warnings.warn(f"{path}: dropped a torn last line ({len(line)} characters; a crash while writing it); "
+                              "its row is redone", stacklevel=2)
+                continue
+            raise ValueError(f"{path} line {number} is not JSON ({error.msg}); the log is damaged: "
+                             "move it away to start over") from None
+    return rows
+
+
+def repair_json_lines(path: str | Path) -> None:
+    """Cut a torn last line off a JSON-lines log before appending to it, so the next row starts a line of its own."""
+    path = Path(path)
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        warnings.warn(f"{path}: dropped a torn last line ({len(data) - keep} bytes; a crash while writing it); its "
+                      "row is redone", stacklevel=2)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
+    """Hold an OS lock on `path` (created if missing) for the block: a second writer of the same output fails at
+    once with the holder's pid instead of interleaving its rows with ours. The lock dies with its process, so a
+    killed run never leaves a stale one."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RuntimeError(f"{what} is being written by another process (pid {holder}, lock {path}); wait for it "
+                               "to finish or stop it, then rerun") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -32,7 +32,7 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .executors import WorkerFailed
-from .io import atomic_write_text
+from .io import atomic_write_text, read_json_lines, repair_json_lines
 from .schedulers.schedule import propose, schedule_key
 from .workers import map_on_envs
 
@@ -91,12 +91,9 @@ class EvaluationLog:
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path is not None else None
         self.values: dict[tuple[str, int, str], float] = {}
-        if self.path is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+        if self.path is not None:
+            repair_json_lines(self.path)  # the next row starts a line of its own
+            for row in read_json_lines(self.path):
                 self.values[(row["prompt"], int(row["seed"]), row["schedule"])] = float(row["reward"])
 
     def get(self, prompt: str, seed: int, key: str) -> float | None:
@@ -321,11 +318,7 @@ def searched_episodes(directories: Sequence[str | Path], per_search: int | None 
     for directory in directories:
         for path in sorted(Path(directory).glob("*.jsonl")):
             groups: dict[tuple[str, int], list[dict]] = {}
-            for line in path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+            for row in read_json_lines(path):
                 groups.setdefault((row["prompt"], int(row["seed"])), []).append(row)
             for (prompt, gen_seed), rows in groups.items():
                 if prompt in banned:

@@ -68,7 +68,7 @@ def check_global_tracks_the_target(rule: str, env, free) -> None:
 
 def check_recipe_and_evaluate(rule: str, env, free) -> None:
     from morca_env.data import make_behavior
-    from morca_env.evaluation import load_method  # what scripts/evaluate.py loads methods with
+    from morca_env.evaluation import load_method  # what `morca evaluate` loads methods with
 
     for name in forms_of(rule):
         behaviour = make_behavior({"name": name}, env, seed=0)

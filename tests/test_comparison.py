@@ -2,7 +2,7 @@
 
 import pytest
 
-from morca_env.comparison import (at_speedup, equal_speedup_difference, equal_speedup_table, matched_label,
+from morca_env.evaluation.comparison import (at_speedup, equal_speedup_difference, equal_speedup_table, matched_label,
                                   pending_matched, speedup_curve)
 
 
@@ -50,7 +50,7 @@ def test_equal_speedup_charges_a_slower_method_in_speed():
 
 
 def test_same_k_table_compares_an_own_k_method_with_the_baseline_at_its_k():
-    from morca_env.comparison import same_k_table
+    from morca_env.evaluation.comparison import same_k_table
 
     rows = [row("base", 2.0, i, 30.0 + i, 2.0, k=10) for i in range(2)]
     rows += [row("rule", 2.0, i, 29.0 + i, 2.0, k=8) for i in range(2)]  # own K 8: 1 dB below base at K 10

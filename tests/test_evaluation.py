@@ -46,5 +46,74 @@ def test_a_method_can_be_a_registry_scheduler_with_options_under_its_own_label(t
     spec = env.unwrapped.budget_spec
     first, second = (methods.for_episode("rnd", 2.0, i)[0].plan(spec, 4) for i in (0, 1))
     assert first != second and methods.for_episode("rnd", 2.0, 0)[0].plan(spec, 4) == first
-    with pytest.raises(SystemExit, match=r"method 'bad': '\{\"rule\": \"teacache\"\}' is not a JSON object with a "):
+    with pytest.raises(ValueError, match=r"method 'bad': '\{\"rule\": \"teacache\"\}' is not a JSON object with a "):
         Methods([("bad", '{"rule": "teacache"}')], env, free)
+
+
+def _config(tmp_path, **changes):
+    from morca_env.evaluation import EvaluationConfig
+
+    kwargs = {"num_inference_steps": 8, "latent_features": False, "reference_cache_dir": str(tmp_path / "refs")}
+    return EvaluationConfig(**{"env_id": "MorcaTinyRandom-v0", "env_kwargs": kwargs, "methods": ("uniform",),
+                               "targets": (2.0,), "prompts": 1, "videos": 0, "out": tmp_path / "eval",
+                               "baselines": ("uniform",), **changes})
+
+
+def test_a_rerun_with_other_settings_is_refused_not_reported_as_new_rows(tmp_path):
+    """Issue 37.1: rows are keyed by (method, target, prompt) only, so a rerun into the same out with another env
+    or another method under the same label must refuse (naming what changed) or start afresh."""
+    import pytest
+
+    from morca_env.evaluation import evaluate
+
+    first = evaluate(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",)))
+    assert [r["method"] for r in first.rows] == ["u"]
+    with pytest.raises(ValueError, match=r"method 'u'.*uniform.*random"):
+        evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}",)))
+    changed = {**_config(tmp_path).env_kwargs, "num_inference_steps": 10}
+    with pytest.raises(ValueError, match=r"env_kwargs.*'num_inference_steps': 8.*'num_inference_steps': 10"):
+        evaluate(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",), env_kwargs=changed))
+    again = evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}",)), overwrite=True)
+    assert len(again.rows) == 1 and again.rows[0]["psnr"] != first.rows[0]["psnr"]  # recomputed, not the old row
+    # adding a method to an identical run continues it
+    more = evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}", "uniform")))
+    assert sorted(r["method"] for r in more.rows) == ["u", "uniform"]
+
+
+def test_a_checkpoint_changed_under_its_label_changes_the_fingerprint(tmp_path):
+    from morca_env.evaluation.runner import method_fingerprint
+
+    path = tmp_path / "fixed.json"
+    path.write_text('{"a": 1}')
+    before = method_fingerprint("best-fixed", str(path))
+    path.write_text('{"a": 2}')
+    assert method_fingerprint("best-fixed", str(path))["files"] != before["files"]
+    assert before["spec"] == {"name": "best-fixed", "path": str(path)}
+
+
+def test_duplicate_labels_and_bad_sizes_are_refused(tmp_path):
+    import pytest
+
+    from morca_env.evaluation import EvaluationConfig
+
+    with pytest.raises(ValueError, match=r"label\(s\) \['m'\] given more than once"):
+        EvaluationConfig(methods=("m=a.d3", "m=b.d3"))
+    with pytest.raises(ValueError, match=r"prompts=0: give an integer >= 1"):
+        EvaluationConfig(prompts=0)
+
+
+def test_a_torn_last_row_is_redone_on_resume(tmp_path):
+    """Issue 37.7: a crash mid-write leaves half a line; the resume drops it with a warning and redoes the row."""
+    import pytest
+
+    from morca_env.evaluation import evaluate
+
+    config = _config(tmp_path)
+    evaluate(config)
+    log = config.out / "episodes.jsonl"
+    text = log.read_text()
+    log.write_text(text + text[: len(text) // 2])  # a second row torn in the middle
+    with pytest.warns(UserWarning, match="torn last line"):
+        result = evaluate(_config(tmp_path, targets=(2.0, 2.5)))
+    assert [r["target"] for r in result.rows] == [2.0, 2.5]
+    assert all(line.startswith("{") and line.endswith("}") for line in log.read_text().splitlines())

@@ -139,3 +139,43 @@ def test_item20_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_line
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "unmaintained" not in out.stderr and "[info" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_a_second_writer_of_one_output_fails_naming_the_first_ones_pid(tmp_path):
+    """One writer per output: the lock is held by another process, so ours must refuse, and the lock dies with its
+    holder (a killed run leaves no stale lock)."""
+    import subprocess
+    import sys
+
+    from morca_env.io import exclusive_lock
+
+    lock = tmp_path / ".lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from morca_env.io import exclusive_lock
+with exclusive_lock({str(lock)!r}, "x"):
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RuntimeError, match=rf"evaluation out is being written by another process \(pid {holder.pid}"):
+            with exclusive_lock(lock, "evaluation out"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive_lock(lock, "evaluation out"):  # the killed holder's lock is gone
+        pass
+
+
+def test_json_lines_reader_drops_only_a_torn_last_line(tmp_path):
+    from morca_env.io import read_json_lines
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert read_json_lines(log) == [{"a": 1}, {"a": 2}]
+    log.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(ValueError, match=r"log.jsonl line 2 is not JSON"):
+        read_json_lines(log)

@@ -109,7 +109,7 @@ def test_feedback_requests_stay_inside_a_learned_schedulers_narrower_range(tmp_p
 
     import morca_env  # noqa: F401
 
-    from morca_env.commands.evaluate import governor_for
+    from morca_env.evaluation.runner import governor_for
 
     env = gym.make("MorcaTiny-v0", budget=0, num_inference_steps=10, lpips=False,  # a measured calibration
                    reference_cache_dir=str(tmp_path))
@@ -164,24 +164,19 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     assert "searched - uniform at 1.8x" in (out / "table.md").read_text()
 
 
-def load_evaluate():
-    from morca_env.commands import evaluate
-
-    return evaluate
-
-
 def test_item19_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
-    evaluate = load_evaluate()
+    from morca_env.evaluation import plots, tables
+
     rows = [{"method": m, "target": 2.5, "prompt_index": 0, "schedule": s, "num_reuse": sum(s), "psnr": 30.0,
              "ssim": 0.9, "latency_s": lat, "stock_latency_s": stock, "speedup": stock / lat}
             for m, s, lat, stock in (("uniform", [0, 1, 0, 1, 0], 0.30, 0.60), ("seacache-global", [0, 1, 1, 0, 0], 0.31, 0.60),
                                      ("morca-online", [0, 1, 1, 1, 0], 0.224, 0.566))]
     rows.append({**rows[0], "prompt_index": 1})
-    assert evaluate.schedule_rows(rows, 2.5) == {"uniform (K=2)": [0, 1, 0, 1, 0], "seacache-global (K=2)": [0, 1, 1, 0, 0],
+    assert plots.schedule_rows(rows, 2.5) == {"uniform (K=2)": [0, 1, 0, 1, 0], "seacache-global (K=2)": [0, 1, 1, 0, 0],
                                                  "morca-online (K=3)": [0, 1, 1, 1, 0]}
     methods = [("uniform", None), ("seacache-global", None), ("morca-online", None)]
-    table = evaluate.summarise(rows, [2.5], methods)
-    text = evaluate.write_tables(tmp_path, table, rows, methods, [2.5], 0.6)
+    table = tables.summarise(rows, [2.5], methods)
+    text = tables.write_tables(tmp_path, table, rows, methods, [2.5], 0.6)
     line = next(x for x in text.splitlines() if "morca-online" in x and x.startswith("| 2.5x"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     latency, stock, speedup = float(cells[3]), float(cells[4]), float(cells[5].rstrip("x"))

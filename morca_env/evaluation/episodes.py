@@ -1,6 +1,6 @@
 """The evaluation's episodes: loading a method, timing its episode next to a stock run, one result row.
 
-`scripts/evaluate.py` runs these in a loop on this machine (with speedup feedback if
+`runner` runs these in a loop on this machine (with speedup feedback if
 asked) or hands groups of them to Ray actors (`GroupEvaluator`, `--ray`); the rows are
 the same either way, and the driver alone writes them to `episodes.jsonl`.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from . import schedulers
-from .calibrate import fastest, stock_seconds
-from .rollout import rollout
+from .. import schedulers
+from ..calibrate import fastest, stock_seconds
+from ..rollout import rollout
 
 
 def make_envs(env_id: str, suite, env_kwargs: dict):
@@ -28,10 +28,7 @@ def load_method(name: str, spec: str | None, env, free_env, threshold_map=None, 
     """-> (policy, env it runs in) for a command line's method `name[=spec]` (`schedulers.parse_method`: a registry
     name, `<label>=<checkpoint>`, or `<label>={"name": <registry name>, <option>: ...}`); randomised schedulers are
     seeded with `seed`, and `seacache-global` takes `threshold_map` when one is given (a recalibrated map)."""
-    try:
-        options = schedulers.parse_method(name, spec)
-    except ValueError as error:
-        raise SystemExit(str(error)) from None
+    options = schedulers.parse_method(name, spec)
     kind = options.pop("name")
     if kind == "seacache-global" and threshold_map is not None:
         options.setdefault("threshold_map", threshold_map)
