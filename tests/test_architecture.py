@@ -122,3 +122,23 @@ def test_morca_env_never_imports_agents():
     reaching = [f"{name}:{line} imports {imported}" for name in MODULES if name.startswith("morca_env")
                 for imported, _, line in imports_of(name) if imported.split(".")[0] == "agents"]
     assert reaching == []
+
+
+OUTSIDE = ("scripts", "benchmarks", "examples")  # research code, tools and examples: not installed
+
+
+def test_code_outside_the_package_uses_only_its_public_names():
+    """Experiments, tools, benchmarks and examples import the packages' public names only (no `_x`, no module
+    that does not exist), and nothing installed imports them."""
+    misuse = []
+    for folder in OUTSIDE:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in PACKAGES:
+                    project_module(node.module)
+                    misuse += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
+                               for a in node.names if a.name.startswith("_")]
+    assert misuse == []
+    installed = {m for name in MODULES for m, _, _ in imports_of(name)}
+    local = {p.stem for folder in OUTSIDE for p in (ROOT / folder).rglob("*.py")}
+    assert not installed & local, installed & local

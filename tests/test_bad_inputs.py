@@ -3,6 +3,7 @@
 One row per (argument, bad value, expected message fragment); items 6, 7, 13 and 14 of issue 17 are rows here.
 """
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -211,23 +212,13 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
 ]
 
 
-def load_script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"script_{name[:-3]}", ROOT / "scripts" / "experiments" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
 def test_script_argument(args, fragment, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts" / "experiments"))  # the experiments import their _runner.py
     recipe = str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json")
     script, argv = args[0], [recipe if a == "RECIPE" else a for a in args[1:]]
     with pytest.raises(SystemExit) as exit_info:  # argparse exits before anything runs
         if script.endswith(".py"):  # an experiment under scripts/
-            load_script(script).main(argv)
+            importlib.import_module(script[:-3]).main(argv)  # scripts/experiments is on the tests' pythonpath
         else:  # a `morca` subcommand
             commands.main([script, *argv])
     assert exit_info.value.code == 2

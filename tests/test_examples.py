@@ -1,6 +1,6 @@
 """Every library swap in examples/ runs for a few hundred steps and is scored by the benchmark, with no glue."""
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 import pytest
@@ -12,10 +12,7 @@ TEST_ENV = "MorcaTinyRandom-v0"  # its benchmark suite: 4 held-out pairs x 2 tar
 
 
 def example(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)  # examples/ is on the tests' pythonpath
 
 
 def check(result, masked: bool) -> None:

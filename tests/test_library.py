@@ -9,7 +9,7 @@ import torch
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.denoiser import StepwiseDenoiser
-from morca_env.library import (FEATURE_NAMES, RidgeSelector, cross_validated_choice, greedy_library, play_on_runs,
+from selector_library import (FEATURE_NAMES, RidgeSelector, cross_validated_choice, greedy_library, play_on_runs,
                                realised, switch_features)
 from morca_env.schedulers.fixed import UniformInterval
 from morca_env.schedulers.schedule import adjust_reuses
@@ -114,7 +114,7 @@ def test_ridge_selector_learns_which_member_a_feature_points_to():
     cv = realised(rewards, cross_validated_choice(x, rewards, 0.01)) - rewards[:, 0]
     assert cv.mean() > 0.7 * (rewards.max(1) - rewards[:, 0]).mean()
     # the one definition of each feature kind, for one run and stacked over runs
-    from morca_env.library import feature_vector
+    from selector_library import feature_vector
     one = {"summary": np.arange(3.0), "pooled": np.arange(5.0)}
     assert feature_vector(one, "both").tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
     assert feature_vector({k: np.stack([v, v]) for k, v in one.items()}, "both").shape == (2, 8)
@@ -130,7 +130,7 @@ def _library_env(tmp_path):
 
 
 def test_library_scheduler_reads_the_run_like_switch_features_and_plays_the_chosen_member(tmp_path):
-    from morca_env.library import LibraryScheduler
+    from selector_library import LibraryScheduler
     from morca_env.rollout import rollout
 
     torch.set_num_threads(1)

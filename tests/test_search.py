@@ -1,5 +1,6 @@
 """Schedule search, the fixed-schedule policies it feeds, and the one rollout they play through."""
 
+import importlib
 import json
 
 import gymnasium as gym
@@ -234,18 +235,8 @@ def test_transfer_matrix_plays_every_schedule_on_every_pair_and_refuses_mixed_k(
         transfer_matrix(env, {"uniform": uniform, "fewer": UniformInterval().plan(spec, 5)}, pairs, progress=False)
 
 
-def load_script(name):
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_transfer_report_groups_gains_by_how_the_pairs_relate():
-    module = load_script("headroom_transfer")
+    module = importlib.import_module("headroom_transfer")
     pairs = [("p", 1), ("p", 2), ("q", 1)]
     # searched for pair a, played on pair b: 10 on its own pair, 4 on the same prompt, 1 on the other prompt
     rewards = {f"s{a}": [10.0 if a == b else 4.0 if pairs[a][0] == pairs[b][0] else 1.0 for b in range(3)]
@@ -263,7 +254,7 @@ def test_trajectory_replay_matches_the_env_and_branches_from_the_right_step(env)
     from morca_env.denoiser import StepwiseDenoiser
     from morca_env.metrics import to_uint8, video_metrics
 
-    module = load_script("headroom_trajectory")
+    module = importlib.import_module("headroom_trajectory")
     env = env.unwrapped
     spec = env.budget_spec
     schedule = UniformInterval().plan(spec, 8)
@@ -291,7 +282,7 @@ def test_trajectory_replay_matches_the_env_and_branches_from_the_right_step(env)
 
 
 def test_trajectory_gaps_and_summary():
-    module = load_script("headroom_trajectory")
+    module = importlib.import_module("headroom_trajectory")
     errors = {"best-fixed": {"latent": [[0.0, 0.2, 0.4]], "x0": [[0.0, 0.1, 0.1]], "psnr": [20.0], "continued": [[21.0]]},
               "searched": {"latent": [[0.0, 0.1, 0.4]], "x0": [[0.0, 0.2, 0.1]], "psnr": [23.0], "continued": [[22.5]]}}
     np.testing.assert_allclose(module.gap_db(errors, "searched", "best-fixed", "latent"), [[0.0, -6.0206, 0.0]],
@@ -316,7 +307,7 @@ def test_headroom_experiments_share_one_parser_with_checked_arguments(capsys, tm
         with pytest.raises(SystemExit):
             p.parse_args(bad)
         assert named in capsys.readouterr().err
-    trajectory = load_script("headroom_trajectory")
+    trajectory = importlib.import_module("headroom_trajectory")
     with pytest.raises(SystemExit):
         trajectory.main(["--out", str(tmp_path / "out"), "--branch-at", "0.5", "1.0"])  # refused before any work
     assert "--branch-at [1.0]: each fraction must lie in (0, 1)" in capsys.readouterr().err

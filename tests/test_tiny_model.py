@@ -96,7 +96,7 @@ def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
 
 
 def test_prompt_probe_sees_that_the_model_reads_colour_and_direction():
-    from morca_env.models.tiny_probe import prompt_sensitivity
+    from tiny_probe import prompt_sensitivity
 
     report = prompt_sensitivity(tiny.load_morca_tiny(), sigmas=(0.9,), videos=16)
     entry = report[0.9]
@@ -111,10 +111,7 @@ def test_prompt_probe_sees_that_the_model_reads_colour_and_direction():
 
 def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import train_tiny
 
     out = tmp_path / "weights"
@@ -133,12 +130,9 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
 
 def test_train_tiny_from_scratch_is_reproducible_and_matches_the_shipped_architecture(tmp_path):
     import json
-    import sys
-    from pathlib import Path
 
     from safetensors.torch import load_file
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import train_tiny
 
     runs = []
@@ -157,10 +151,7 @@ def test_train_tiny_from_scratch_is_reproducible_and_matches_the_shipped_archite
 
 def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tiny"))
     import eval_tiny
 
     metrics = tmp_path / "metrics.json"
@@ -182,7 +173,7 @@ def test_eval_tiny_following_only_updates_just_its_entry(tmp_path):
 
 
 def test_direction_commit_probe_reports_a_sigma_per_prompt():
-    from morca_env.models.tiny_probe import direction_commit_sigmas
+    from tiny_probe import direction_commit_sigmas
 
     den = StepwiseDenoiser(tiny.load_morca_tiny(), DenoiserConfig(**{**tiny.GENERATION, "num_inference_steps": 8}))
     pairs = get_suite("tiny-eval").pairs()[:2]

@@ -1,5 +1,5 @@
 """Can a scheduler reach the per-run headroom by choosing from a small library of searched schedules after
-watching the run's first steps? (`morca_env.library`)
+watching the run's first steps? (`selector_library.py` beside it)
 
     python scripts/experiments/headroom_selector.py --budget 35 --prefix 8 --workers 2 --out runs/selector
 
@@ -29,7 +29,7 @@ import numpy as np
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
-from morca_env.library import FEATURE_KINDS, feature_vector, fit_by_cv, greedy_library, play_on_runs, realised
+from selector_library import FEATURE_KINDS, feature_vector, fit_by_cv, greedy_library, play_on_runs, realised
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many

@@ -3,7 +3,7 @@
     python scripts/experiments/headroom_sensitivity.py --library runs/selector/selector.json --runs 40 --workers 2 \
         --out runs/sensitivity
 
-A selector that reads the run (`morca_env.library`) can only pick well if runs that look alike want the same
+A selector that reads the run (`scripts/experiments/selector_library.py`) can only pick well if runs that look alike want the same
 schedule. This measures it directly: each label run of a `scripts/experiments/headroom_selector.py` result is replayed with
 its initial noise nudged, x_T' = (x_T + eps z) / sqrt(1 + eps^2) (z a fixed independent draw), the reference
 and every library member regenerated, and the members' gains over member 0 compared with the unperturbed run's.

@@ -15,7 +15,7 @@
    and the terminal PSNR.
 4. Which prompt words the model reads: the training loss with one attribute of the
    prompt swapped, by noise level, and from which noise level each sample's direction
-   of motion stops changing (`morca_env.models.tiny_probe`; `--sensitivity-only`).
+   of motion stops changing (`scripts/tiny/tiny_probe.py`; `--sensitivity-only`).
 Also times one 50-step CFG episode on one core, and writes sample GIFs.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from morca_env.analysis import run_schedule
+from schedule_analysis import run_schedule
 from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
 from morca_env.io import atomic_path
@@ -39,7 +39,7 @@ from morca_env.metrics import to_uint8
 from morca_env.models import tiny
 from morca_env.models.tiny_data import prompt_following
 from morca_env.prompts import get_suite
-from morca_env.models.tiny_probe import direction_commit_sigmas, prompt_sensitivity
+from tiny_probe import direction_commit_sigmas, prompt_sensitivity
 from morca_env.schedulers.fixed import RandomFeasible
 from morca_env.schedulers.seacache import exact_schedule
 from morca_env.video import write_video

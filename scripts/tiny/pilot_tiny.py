@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         train_tiny.main(["--steps", str(args.steps), "--threads", str(args.threads), "--out", str(args.out),
                          "--run-dir", f"{args.out}_run", "--resume", *args.train_args])
     from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-    from morca_env.models.tiny_probe import prompt_sensitivity
+    from tiny_probe import prompt_sensitivity
 
     torch.set_num_threads(args.threads)
     pipe = tiny.load_morca_tiny(directory=args.out)

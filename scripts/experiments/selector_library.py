@@ -22,14 +22,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .budget import BudgetSpec
-from .calibration_files import find_calibration_file
-from .schedulers import register
-from .schedulers.base import feasible, step_index
-from .schedulers.fixed import StaticSchedule
-from .schedulers.schedule import adjust_reuses, schedule_key
-from .search import EvaluationLog, Pair, SchedulePlayer
-from .workers import map_on_envs
+from morca_env.budget import BudgetSpec
+from morca_env.calibration_files import find_calibration_file
+from morca_env.schedulers import register
+from morca_env.schedulers.base import feasible, step_index
+from morca_env.schedulers.fixed import StaticSchedule
+from morca_env.schedulers.schedule import adjust_reuses, schedule_key
+from morca_env.search import EvaluationLog, Pair, SchedulePlayer
+from morca_env.workers import map_on_envs
 
 
 # ------------------------------------------------------------------ the library
@@ -100,7 +100,7 @@ class SwitchReader:
         self.first = self.last if self.first is None else self.first
 
     def read(self) -> dict[str, np.ndarray]:
-        from .features import latent_features
+        from morca_env.features import latent_features
 
         if self.last is None:
             raise ValueError("the prefix has no compute step: nothing to read")

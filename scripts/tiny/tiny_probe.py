@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from .tiny_data import BACKGROUNDS, COLOURS, DIRECTIONS, SHAPES, all_scenes, render
+from morca_env.models.tiny_data import BACKGROUNDS, COLOURS, DIRECTIONS, SHAPES, all_scenes, render
 
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 ATTRIBUTES = ("colour", "shape", "direction", "background")
@@ -72,7 +72,7 @@ def direction_commit_sigmas(den, pairs) -> list[float]:
     read, the sampler fixes the direction from the noise before the prompt can steer it. Costs one
     uncached episode per prompt.
     """
-    from .tiny_data import classify_direction, foreground_stats
+    from morca_env.models.tiny_data import classify_direction, foreground_stats
 
     commits = []
     for prompt, seed in pairs:
