@@ -12,15 +12,14 @@ in a hidden directory that is then renamed into place. A `kill -9` therefore
 loses at most the episodes in flight, and a finished dataset is replaced only
 with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
 behaviour RNG, so the data do not depend on the number of workers, nor on where
-they run: local processes, or Ray actors (`executor=RayExecutor(...)`, see
-`morca_env.executors`) that send each finished episode back to be written here.
+they run: this process, local worker processes or Ray actors (`morca_env.workers.map_on_envs`;
+`executor=RayExecutor(...)`), which send each finished episode back to be written here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import time
@@ -40,7 +39,7 @@ from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 from . import schedulers
 from .quiet import quiet_d3rlpy
 from .registration import register_envs
-from .workers import exit_with_parent, needs_gpu, start_method
+from .workers import WorkerDied, map_on_envs
 
 log = logging.getLogger(__name__)
 
@@ -188,120 +187,39 @@ def completed_indices(staging: Path, num_episodes: int) -> set[int]:
 
 
 # ------------------------------------------------------------------ workers
-class EpisodeRunner:
-    """One worker's env and behaviour loop: `runner(index)` -> episode `index` of the recipe.
-
-    The same object runs episodes in this process, in a forked worker and in a Ray actor
-    (`morca_env.executors`), so every path computes identical episodes for the same recipe.
-    """
-
-    def __init__(self, recipe_dict: dict, threads: int, env_overrides: dict):
-        import torch
-
-        register_envs()  # in a spawned process or a Ray worker
-
-        torch.set_num_threads(threads)
-        self.recipe = CollectionRecipe(**recipe_dict)
-        self.env = gym.make(self.recipe.env_id, **{**self.recipe.env_kwargs, **env_overrides,
-                                                    "enforce_budget": False})
-
-    def __call__(self, index: int) -> dict:
-        policy = make_behavior(self.recipe.behavior, self.env, seed=self.recipe.seed + index)
-        return run_episode(self.env, policy, index, self.recipe)
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def _worker(recipe_dict: dict, staging: str, indices: list[int], threads: int, env_overrides: dict,
-            parent_pid: int) -> None:
-    exit_with_parent(parent_pid)
-    try:
-        runner = EpisodeRunner(recipe_dict, threads, env_overrides)
-        for index in indices:
-            write_episode(Path(staging), index, runner(index))
-        runner.close()
-    except BaseException:  # the parent reports it: a worker's stderr may not reach the user
-        import traceback
-
-        atomic_write_text(_errors_dir(Path(staging)) / f"worker-{os.getpid()}.txt", traceback.format_exc())
-        raise
-
-
-def _errors_dir(staging: Path) -> Path:
-    return staging / "worker-errors"
-
-
-def _worker_errors(staging: Path) -> list[str]:
-    """The last line (the exception) of each failed worker's traceback, then the first traceback whole."""
-    files = sorted(_errors_dir(staging).glob("worker-*.txt"))
-    texts = [f.read_text() for f in files]
-    return [t.strip().splitlines()[-1] for t in texts if t.strip()] + texts[:1]
+def collected_episode(env, job: tuple[dict, int]) -> tuple[int, dict]:
+    """Episode `index` of the recipe, played in `env` (a worker's, through `workers.map_on_envs`): the same
+    function runs in this process, in local workers and on Ray actors, so every path gives identical episodes."""
+    recipe_dict, index = job
+    recipe = CollectionRecipe(**recipe_dict)
+    policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
+    return index, run_episode(env, policy, index, recipe)
 
 
 def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
                  env_overrides: dict, progress: bool, already: int, executor=None) -> None:
+    """The pending episodes on `workers` envs (`map_on_envs`), each written here atomically as it arrives, so a
+    crash or a kill keeps every finished episode and duplicates none."""
     from tqdm import tqdm
 
-    shards = [todo[w::workers] for w in range(workers)]
-    bar = tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
-               disable=not progress)
-    if executor is not None:
-        _run_on_executor(executor, recipe, staging, todo, workers, threads, env_overrides, bar)
-    elif workers == 1:
-        runner = EpisodeRunner(recipe.__dict__, threads, env_overrides)
-        for index in todo:
-            write_episode(staging, index, runner(index))
-            bar.update()
-        runner.close()
-    else:
-        ctx = mp.get_context(start_method(threads))
-        shutil.rmtree(_errors_dir(staging), ignore_errors=True)
-        procs = [ctx.Process(target=_worker, args=(recipe.__dict__, str(staging), shard, threads, env_overrides,
-                                                   os.getpid()), daemon=True) for shard in shards if shard]
-        for p in procs:
-            p.start()
-        try:
-            while any(p.is_alive() for p in procs):
-                time.sleep(0.5)
-                bar.n = len(completed_indices(staging, recipe.num_episodes))
-                bar.refresh()
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join()
-        failed = [p.exitcode for p in procs if p.exitcode != 0]
-        if failed:
-            errors = _worker_errors(staging)
-            summary = "; ".join(sorted(set(errors[:-1]))) if errors else "no error was recorded"
-            raise RuntimeError(f"{len(failed)} collection worker(s) failed (exit codes {failed}): {summary}; "
-                               "rerun with resume=True to continue" + (f"\n\nfirst worker's traceback:\n{errors[-1]}"
-                                                                       if errors else ""))
-        bar.n = len(completed_indices(staging, recipe.num_episodes))
-        bar.refresh()
-    bar.close()
-
-
-def _run_on_executor(executor, recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int,
-                     threads: int, env_overrides: dict, bar) -> None:
-    """Episodes computed by `executor`'s workers (e.g. Ray actors) and written here, as each one arrives."""
     from .executors import WorkerFailed
 
-    kwargs = {**recipe.env_kwargs, **env_overrides}
-    gpus = 1 if needs_gpu(recipe.env_id, kwargs) else 0
-    try:
-        for index, episode in executor.map_unordered(EpisodeRunner, (recipe.__dict__, threads, env_overrides), todo,
-                                                     workers=workers, threads=threads, gpus=gpus):
-            write_episode(staging, index, episode)
-            bar.update()
-    except WorkerFailed as error:
-        raise RuntimeError(f"collection on {executor!r}: {error}; the {bar.n} finished episodes are kept: "
-                           "rerun with resume=True (scripts/collect.py: --resume, the default) to continue") from error
+    kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False}
+    jobs = [(recipe.__dict__, index) for index in todo]
+    with tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
+              disable=not progress) as bar:
+        try:
+            for index, episode in map_on_envs(collected_episode, jobs, recipe.env_id, kwargs, workers, threads,
+                                              executor):
+                write_episode(staging, index, episode)
+                bar.update()
+        except Exception as error:  # a worker's own error (its traceback is the cause), a dead worker, Ray's
+            where = f" on {executor!r}" if executor is not None else ""
+            what = str(error) if isinstance(error, (WorkerFailed, WorkerDied)) else f"{type(error).__name__}: {error}"
+            raise RuntimeError(f"collection{where} failed: {what}; the {bar.n - already} episodes finished in this run "
+                               "are kept: rerun with resume=True (`morca collect`: --resume, the default) to "
+                               "continue") from error
 
-
-# ------------------------------------------------------------------ collect
 
 def _copy(value, default):
     """A dict argument copied (None: `default`); anything else is left for the recipe to refuse."""

@@ -3,7 +3,7 @@
 The collection, evaluation and search loops stay where they are; this module only
 moves the work. `RayExecutor.map_unordered(factory, args, items, ...)` starts
 `workers` actors, builds one `factory(*args)` in each (an env-holding callable:
-`morca_env.data.EpisodeRunner` for collection), feeds them the items one at a time
+`morca_env.workers.map_on_envs` for collection and search), feeds them the items one at a time
 (the next item goes to whichever actor finishes first) and yields `(item, result)`
 to the driver as results come back. The driver writes every result (staging file,
 JSON) itself, so a worker needs no shared disk with it.

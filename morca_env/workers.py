@@ -107,9 +107,12 @@ def map_on_envs(function: Callable[[Any, Any], Any], jobs: Iterable, env_id: str
     """Yield `function(env, job)` for every job (in completion order when parallel), each worker holding one env.
 
     `workers == 1`: in this process; else local worker processes; `executor` (a `RayExecutor`): Ray actors,
-    one GPU each for a Wan env. A failed job raises here (Ray: `executors.WorkerFailed`, after the healthy
-    actors' results), so a resumable caller keeps what it already wrote."""
+    one GPU each for a Wan env. A failed job raises here after the results that came before it (Ray:
+    `executors.WorkerFailed`), and a worker that dies (killed, out of memory) raises `WorkerDied` instead of
+    hanging the pool, so a resumable caller keeps what it already wrote."""
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     jobs = list(jobs)
     if not jobs:
@@ -127,7 +130,19 @@ def map_on_envs(function: Callable[[Any, Any], Any], jobs: Iterable, env_id: str
         finally:
             env.close()
     else:
-        ctx = mp.get_context(start_method(threads))
-        with ctx.Pool(min(workers, len(jobs)), initializer=init_env_worker,
-                      initargs=(env_id, env_kwargs, threads, os.getpid())) as pool:
-            yield from pool.imap_unordered(_call, [(function, job) for job in jobs])
+        pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context(start_method(threads)),
+                                   initializer=init_env_worker, initargs=(env_id, env_kwargs, threads, os.getpid()))
+        try:
+            futures = [pool.submit(_call, (function, job)) for job in jobs]
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except BrokenProcessPool:
+                    raise WorkerDied(f"a worker process of {env_id} died (killed, or out of memory?) with "
+                                     f"{sum(not f.done() for f in futures)} of {len(jobs)} jobs unfinished") from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class WorkerDied(RuntimeError):
+    """A local worker process ended without finishing its job."""

@@ -58,7 +58,7 @@ def test_item12_a_workers_own_error_reaches_the_user(roots, monkeypatch):
         raise ValueError("the behaviour exploded at step 3")
 
     monkeypatch.setattr(data, "run_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
-    with pytest.raises(RuntimeError, match="2 collection worker.*ValueError: the behaviour exploded at step 3"):
+    with pytest.raises(RuntimeError, match="collection failed: ValueError: the behaviour exploded at step 3"):
         collect("test/tiny/workers-v0", 4, workers=2)
 
 

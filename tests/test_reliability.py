@@ -179,3 +179,22 @@ def test_json_lines_reader_drops_only_a_torn_last_line(tmp_path):
     log.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
     with pytest.raises(ValueError, match=r"log.jsonl line 2 is not JSON"):
         read_json_lines(log)
+
+
+def _die_on_two(env, job):
+    if job == 2:
+        os.kill(os.getpid(), 9)
+    return job
+
+
+def test_a_killed_worker_raises_instead_of_hanging_the_pool():
+    """A worker killed mid-job (OOM killer, kill -9) must surface, not leave the caller waiting forever
+    (multiprocessing.Pool loses the job and waits)."""
+    from morca_env.workers import WorkerDied, map_on_envs
+
+    kwargs = {"num_inference_steps": 4, "latent_features": False, "lpips": False}
+    got = []
+    with pytest.raises(WorkerDied, match="a worker process of MorcaTinyRandom-v0 died"):
+        for result in map_on_envs(_die_on_two, [0, 1, 2, 3], "MorcaTinyRandom-v0", kwargs, workers=2, threads=1):
+            got.append(result)
+    assert 2 not in got
