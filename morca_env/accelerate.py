@@ -143,12 +143,13 @@ class _Run:
 
 
 def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None = None,
-               calibration: SpeedupCalibration | str = "wan21", signal: str = "official",
+               calibration: SpeedupCalibration | str | None = None, signal: str = "official",
                scheduler_cost_s: float = 0.0, **call_kwargs) -> AccelerateResult:
     """Call `pipe(**call_kwargs)` with `policy` deciding cache reuse under an exact budget.
 
-    Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`
-    or a registered model name, "wan21", "wan22" or "tiny"; `scheduler_cost_s`, the
+    Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`, a calibration
+    JSON, or a registered model name, "wan21", "wan22" or "tiny"; by default the one of the pipeline's
+    model, read from its transformer's config, and refused if unknown; `scheduler_cost_s`, the
     policy's own seconds per step, is counted in that conversion). One call runs the K
     with the nearest predicted speedup (the env instead dithers K across episodes).
     """
@@ -162,11 +163,15 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     if not (callable(policy) and callable(getattr(policy, "reset", None))):
         raise TypeError(f"policy={policy!r} must have reset(obs, info) and __call__(obs) -> action, "
                         "like morca_env.policies or agents.MorcaPolicy")
-    if not isinstance(calibration, (str, SpeedupCalibration)):
+    if calibration is not None and not isinstance(calibration, (str, SpeedupCalibration)):
         raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path or "
                         "a SpeedupCalibration")
     spec = wan_structure.budget_spec(pipe, num_steps)
     if budget is None:
+        if calibration is None:
+            from .calibration_files import calibration_for_pipeline
+
+            calibration = calibration_for_pipeline(pipe)
         if isinstance(calibration, str) and Path(calibration).is_file():
             calibration = SpeedupCalibration.from_json(calibration)
         elif isinstance(calibration, str):

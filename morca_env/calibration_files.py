@@ -167,3 +167,28 @@ def threshold_map_from_counts(name: str, grid, counts, calibration, source: str)
     speedups, thresholds = np.asarray(speedups)[order], np.asarray(thresholds)[order]
     keep = np.concatenate([[True], np.diff(speedups) > 0])
     return ThresholdMap(speedups[keep], thresholds[keep], source=f"{name}: {source}")
+
+
+# transformer config fields that tell the calibrated models apart (latency follows the architecture, not the
+# weights, so MorcaTinyRandom's pipeline reads MorcaTiny's calibration)
+_ARCHITECTURES = {
+    "wan21": {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16},
+    "wan22": {"num_layers": 40, "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16},
+    "tiny": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3},
+}
+
+
+def calibration_for_pipeline(pipe) -> str:
+    """The registered model whose speedup calibration fits `pipe`, read from its transformer's config (Wan2.2
+    by its second expert as well); a pipeline of another architecture is refused rather than given another
+    model's curve (a Wan2.1 curve on MorcaTiny plays K=5 where 6 gives the asked speedup)."""
+    config = dict(getattr(getattr(pipe, "transformer", None), "config", {}) or {})
+    two_experts = getattr(pipe, "transformer_2", None) is not None
+    for name, fields in _ARCHITECTURES.items():
+        if all(config.get(k) == v for k, v in fields.items()) and two_experts == (name == "wan22"):
+            return name
+    seen = {k: config.get(k) for k in ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels")}
+    raise ValueError(f"no speedup calibration is known for this pipeline's transformer ({seen}, "
+                     f"{'two experts' if two_experts else 'one transformer'}): pass calibration= a registered model "
+                     "name ('wan21', 'wan22', 'tiny'), a calibration JSON from `morca calibrate`, or a "
+                     "SpeedupCalibration, or pass budget= instead of speedup=")

@@ -18,6 +18,7 @@ they run: this process, local worker processes or Ray actors (`morca_env.workers
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from .budget import BudgetSpec
-from .io import atomic_path, atomic_write_text
+from .io import atomic_path, atomic_write_text, exclusive_lock
 from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
 from . import schedulers
@@ -187,10 +188,9 @@ def completed_indices(staging: Path, num_episodes: int) -> set[int]:
 
 
 # ------------------------------------------------------------------ workers
-def collected_episode(env, job: tuple[dict, int]) -> tuple[int, dict]:
+def collected_episode(recipe_dict: dict, env, index: int) -> tuple[int, dict]:
     """Episode `index` of the recipe, played in `env` (a worker's, through `workers.map_on_envs`): the same
     function runs in this process, in local workers and on Ray actors, so every path gives identical episodes."""
-    recipe_dict, index = job
     recipe = CollectionRecipe(**recipe_dict)
     policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
     return index, run_episode(env, policy, index, recipe)
@@ -205,12 +205,11 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
     from .executors import WorkerFailed
 
     kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False}
-    jobs = [(recipe.__dict__, index) for index in todo]
     with tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
               disable=not progress) as bar:
         try:
-            for index, episode in map_on_envs(collected_episode, jobs, recipe.env_id, kwargs, workers, threads,
-                                              executor):
+            for index, episode in map_on_envs(functools.partial(collected_episode, recipe.__dict__), todo,
+                                              recipe.env_id, kwargs, workers, threads, executor):
                 write_episode(staging, index, episode)
                 bar.update()
         except Exception as error:  # a worker's own error (its traceback is the cause), a dead worker, Ray's
@@ -255,10 +254,9 @@ def collect_dataset(
     are not part of the recipe. `executor`: None runs `workers` local processes (one in this
     process when `workers=1`); a `morca_env.executors.RayExecutor` runs them as Ray actors, which
     return each episode to this process to be written, as the local path does. Returns the
-    `minari.MinariDataset`.
+    `minari.MinariDataset`. One writer per dataset id: a second `collect_dataset` of an id being collected
+    fails at once naming the first one's pid (an OS lock), so two runs never mix their episodes.
     """
-    import minari
-
     if recipe is None:
         recipe = CollectionRecipe(dataset_id=dataset_id, env_id=env_id, num_episodes=num_episodes,
                                   env_kwargs=_copy(env_kwargs, {}),
@@ -273,6 +271,15 @@ def collect_dataset(
     if recipe.env_id not in gym.registry:
         raise ValueError(f"env_id={recipe.env_id!r} is not registered; valid: "
                          f"{', '.join(k for k in gym.registry if k.startswith('Morca'))}")
+    with exclusive_lock(staging_root() / f"{recipe.dataset_id}.lock", f"dataset {recipe.dataset_id!r}"):
+        recover_leftovers(recipe.dataset_id)
+        return _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor)
+
+
+def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor):
+    """`collect_dataset` while holding the id's lock: nobody else stages, builds or replaces this id."""
+    import minari
+
     final = minari_root() / recipe.dataset_id
     if (final / "data").exists() and not overwrite:
         existing = minari.load_dataset(recipe.dataset_id)
@@ -306,6 +313,25 @@ def collect_dataset(
         log.info("collected %d episodes in %.1f s: %.1f episodes/min (%d worker%s%s)", len(todo), elapsed,
                  60 * len(todo) / elapsed, workers, "s" if workers > 1 else "", " on Ray" if executor is not None else "")
     return build_minari_dataset(recipe, staging, overwrite=overwrite)
+
+
+def _build_prefix(dataset_id: str) -> str:
+    return f".morca-build-{dataset_id.replace('/', '__')}-"
+
+
+def recover_leftovers(dataset_id: str) -> None:
+    """What a killed build of this id left behind (call with the id's lock held): its build directories are
+    removed, and a dataset moved aside for replacement (`.<name>.old-*`) comes back if no new one took its place."""
+    root = minari_root()
+    for build in root.glob(_build_prefix(dataset_id) + "*"):
+        shutil.rmtree(build, ignore_errors=True)
+    final = root / dataset_id
+    olds = sorted(final.parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if olds and not final.exists():
+        olds.pop().rename(final)  # the kill came between moving the old dataset aside and renaming the new one in
+        log.warning("restored dataset %r from an interrupted rebuild", dataset_id)
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: bool = False):
@@ -345,7 +371,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
             truncations=np.zeros(n, dtype=bool)))
 
     root = minari_root()
-    build_root = root / f".morca-build-{uuid.uuid4().hex[:8]}"
+    build_root = root / f"{_build_prefix(recipe.dataset_id)}{uuid.uuid4().hex[:8]}"
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(build_root)
     try:

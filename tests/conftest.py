@@ -21,7 +21,8 @@ CORE_MODULES = {
 if os.environ.get("MORCA_CORE_ONLY") == "1":  # the core venv: the other modules import extras at the top
     from pathlib import Path
 
-    collect_ignore = [p.name for p in Path(__file__).parent.glob("test_*.py") if p.stem not in CORE_MODULES]
+    _here = Path(__file__).parent
+    collect_ignore = [str(p.relative_to(_here)) for p in _here.rglob("test_*.py") if p.stem not in CORE_MODULES]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -69,6 +70,6 @@ def prompt_embeds(seed=0, length=8, dim=16):
 def envs(tmp_path):
     """An exact-budget MorcaTinyRandom env and a budget-free one on its pipeline (`rule_forms.make_envs`), for the
     rule-form checks every cache rule's test runs."""
-    from tests import rule_forms
+    from tests.schedulers import rule_forms
 
     return rule_forms.make_envs(tmp_path)

@@ -1,10 +1,10 @@
-"""The checks every run-time cache rule's three forms must pass (tests/rule_forms.py), once per rule: in the env
+"""The checks every run-time cache rule's three forms must pass (tests/schedulers/rule_forms.py), once per rule: in the env
 at exact K, the global map tracking its target, in a collection recipe and evaluate.py, collecting datasets, and
 under accelerate on a tiny Wan2.1 and Wan2.2. Each rule's own module tests its decisions by hand."""
 
 import pytest
 
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 

@@ -109,7 +109,7 @@ def test_wraps_magcache_through_its_error_increments():
 
 @pytest.mark.parametrize("inner", ["teacache", "magcache"])
 def test_acid_over_mask_rules_runs_every_form_in_the_env(inner, tmp_path):
-    from tests import rule_forms
+    from tests.schedulers import rule_forms
 
     env, free = rule_forms.make_envs(tmp_path)
     rule_forms.check_forms_in_env("acid", env, free, rule=inner)
@@ -119,6 +119,6 @@ def test_acid_over_mask_rules_runs_every_form_in_the_env(inner, tmp_path):
 @pytest.mark.parametrize("kind", ["wan21", "wan22"])
 @pytest.mark.parametrize("inner", ["teacache", "magcache"])
 def test_acid_over_mask_rules_runs_under_accelerate(inner, kind):
-    from tests import rule_forms
+    from tests.schedulers import rule_forms
 
     rule_forms.check_accelerate("acid", kind, rule=inner)

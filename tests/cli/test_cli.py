@@ -8,7 +8,7 @@ import pytest
 
 from morca_env import commands
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
             "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "leaderboard"}
 

@@ -2,7 +2,7 @@
 
 The Ray tests share one local runtime (2 CPUs) started by a module fixture: a runtime
 start costs ~10 s and each actor ~5-20 s of imports on the 2-core CI machine, so the
-tests that start Ray are `slow` (`pytest -m slow tests/test_ray_collect.py`; they are
+tests that start Ray are `slow` (`pytest -m slow tests/envs/test_ray_collect.py`; they are
 skipped with a reason when ray is not installed). The error-message tests run by default.
 """
 
@@ -20,7 +20,7 @@ import morca_env.data as data
 import morca_env.workers as workers
 from morca_env.data import collect_dataset, completed_indices, read_episode, staging_root
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10, "latent_features": False}
 EPISODES = 6
 HAS_RAY = importlib.util.find_spec("ray") is not None

@@ -11,7 +11,7 @@ import pytest
 from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.data import collect_dataset, episode_options, first_episodes, relabel, to_replay_buffer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
 
 

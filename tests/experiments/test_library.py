@@ -178,7 +178,7 @@ def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp
     from morca_env import schedulers
     from morca_env.rollout import rollout
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     kwargs = {"num_inference_steps": 10, "r_max": 200, "reference_cache_dir": str(tmp_path / "refs")}
     env = gym.make("MorcaTinyRandom-v0", lpips=False, latent_features=False, **kwargs)
     spec = env.unwrapped.budget_spec
@@ -211,7 +211,7 @@ def test_sensitivity_script_replays_the_runs_exactly_at_eps_zero(tmp_path):
 
     from morca_env.search import play_schedule
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     kwargs = {"num_inference_steps": 10, "r_max": 200, "reference_cache_dir": str(tmp_path / "refs")}
     env = gym.make("MorcaTinyRandom-v0", lpips=False, latent_features=False, **kwargs)
     spec = env.unwrapped.budget_spec

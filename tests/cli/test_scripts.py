@@ -10,7 +10,7 @@ import pytest
 
 from morca_env.prompts import get_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(args, tmp_path, timeout=900):

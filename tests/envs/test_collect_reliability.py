@@ -13,7 +13,7 @@ import pytest
 import morca_env.data as data
 from morca_env.data import collect_dataset, to_replay_buffer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10, "latent_features": False}
 
 
@@ -125,3 +125,49 @@ def test_item16_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(root
     iql.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False,
             logger_adapter=d3rlpy.logging.NoopAdapterFactory())
     assert iql.grad_step == 2
+
+
+def test_round2_item2_two_collections_of_one_id_never_mix(roots):
+    """Issue 37.2: a second collection of an id that is being collected fails at once, naming the first one's pid;
+    the dataset then holds the first run's episodes only."""
+    code = (f"from morca_env.data import collect_dataset\n"
+            f"collect_dataset('test/tiny/shared-v0', 'MorcaTinyRandom-v0', 150, env_kwargs={ENV_KWARGS!r}, "
+            f"behavior='uniform', progress=False)\n")
+    first = subprocess.Popen([sys.executable, "-c", code], env={**os.environ}, stderr=subprocess.PIPE, text=True)
+    staged = roots / "cache" / "collect" / "test" / "tiny" / "shared-v0" / "episodes"
+    try:
+        deadline = time.time() + 120
+        while not list(staged.glob("ep_*.npz")) and time.time() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert list(staged.glob("ep_*.npz")), first.stderr.read() if first.poll() is not None else "no episode"
+        with pytest.raises(RuntimeError, match=rf"dataset 'test/tiny/shared-v0' is being written by another process "
+                                               rf"\(pid {first.pid}"):
+            collect("test/tiny/shared-v0", 150, behavior="random")
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+    import minari
+
+    dataset = minari.load_dataset("test/tiny/shared-v0")
+    assert json.loads(dataset.storage.metadata["morca_recipe"])["behavior"] == {"name": "uniform"}
+    assert dataset.total_episodes == 150
+
+
+def test_round2_item10_a_killed_build_leaves_nothing_behind_and_never_loses_the_old_dataset(roots):
+    """Issue 37.10: build directories and a dataset moved aside by a rebuild killed midway are cleaned up (or put
+    back) by the next run on that id."""
+    import minari
+
+    collect("test/tiny/left-v0", 2, behavior="uniform")
+    root = roots / "minari"
+    final = root / "test" / "tiny" / "left-v0"
+    (root / f"{data._build_prefix('test/tiny/left-v0')}dead0000").mkdir()  # a build killed before its rename
+    other = root / f"{data._build_prefix('test/tiny/other-v0')}dead0000"
+    other.mkdir()  # another id's build: not ours to remove
+    final.rename(final.with_name(f".{final.name}.old-dead0000"))  # killed between moving aside and renaming in
+    data.recover_leftovers("test/tiny/left-v0")
+    assert minari.load_dataset("test/tiny/left-v0").total_episodes == 2  # the old dataset is back
+    assert not list(root.glob(data._build_prefix("test/tiny/left-v0") + "*")) and other.exists()
+    assert not list(final.parent.glob(".left-v0.old-*"))
+    assert collect("test/tiny/left-v0", 3, behavior="uniform", overwrite=True).total_episodes == 3
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(".")]

@@ -9,7 +9,7 @@ from morca_env import schedulers
 from morca_env.rollout import rollout
 from morca_env.schedulers.rules import forms, teacache
 from morca_env.schedulers.rules.teacache import TeaCache
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 IDENTITY = [0.0, 0.0, 0.0, 1.0, 0.0]  # p(x) = x: increments are the distances themselves
 

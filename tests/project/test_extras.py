@@ -10,7 +10,7 @@ import pytest
 
 from morca_env.extras import EXTRA_OF, MissingExtra, require
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORE_ONLY = os.environ.get("MORCA_CORE_ONLY") == "1"  # set by .ci/run for the core venv
 
 

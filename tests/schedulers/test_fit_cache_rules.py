@@ -8,7 +8,7 @@ import pytest
 
 from morca_env.schedulers.rules import magcache, teacache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def script():

@@ -8,7 +8,7 @@ from morca_env import schedulers
 from morca_env.rollout import rollout
 from morca_env.schedulers.rules import forms, runtime
 from morca_env.schedulers.rules.dicache import DiCache
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 def rule_for(num_steps, retention, forced=(), branches=("cond", "uncond")):

@@ -7,7 +7,7 @@ import torch
 from morca_env import schedulers
 from morca_env.schedulers.rules import forms, runtime
 from morca_env.schedulers.rules.first_block_cache import FirstBlockCache
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 def rule_for(num_steps, forced=(), branches=("cond", "uncond"), convention="official"):

@@ -7,7 +7,7 @@ import torch
 from morca_env import schedulers
 from morca_env.schedulers.rules import forms, runtime
 from morca_env.schedulers.rules.easycache import EasyCache
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 def run(inputs, outputs, threshold, warmup, forced=(), branches=("cond", "uncond")):

@@ -12,7 +12,7 @@ from morca_env import schedulers
 from morca_env.schedulers.rules import forms, magcache
 from morca_env.schedulers.rules.magcache import MagCache
 from morca_env.rollout import rollout
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 def interleave(cond, uncond):

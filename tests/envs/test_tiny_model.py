@@ -188,7 +188,7 @@ def test_pilot_trains_a_variant_in_its_own_process_and_reports(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "variant"
     run = subprocess.run([sys.executable, str(root / "scripts" / "tiny" / "pilot_tiny.py"), "--out", str(out), "--world", "direction",
                           "--hw", "8", "--patch", "1", "2", "2", "--steps", "2", "--samples", "4",

@@ -7,7 +7,7 @@ import pytest
 
 import morca_env  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEST_ENV = "MorcaTinyRandom-v0"  # its benchmark suite: 4 held-out pairs x 2 targets, 10 steps
 
 

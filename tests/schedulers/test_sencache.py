@@ -6,7 +6,7 @@ import pytest
 from morca_env import schedulers
 from morca_env.schedulers.rules import forms, runtime
 from morca_env.schedulers.rules.sencache import SenCache, fit_sensitivities
-from tests import rule_forms
+from tests.schedulers import rule_forms
 
 
 def run(inputs, timesteps, outputs, threshold, warmup=0.25, forced=(), history=3):

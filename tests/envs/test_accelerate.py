@@ -34,7 +34,7 @@ def test_budget_zero_is_exactly_the_stock_pipeline(kind):
 def test_each_step_runs_one_patch_embedding_for_the_signal_and_both_branches():
     """The official signal's patch embedding is the one the step's cond and uncond calls use (the cache's memo):
     one convolution per step instead of three; a stock call without the hooks runs two."""
-    from tests.test_cache import ConvCounter
+    from tests.envs.test_cache import ConvCounter
 
     pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
     counter = ConvCounter(pipe.transformer.patch_embedding)
@@ -101,3 +101,34 @@ def test_wan_structure_is_the_same_for_the_denoiser_and_accelerate(wan22_pipe):
         assert den.expert_of_step[den.expert_switch_step - 1] == 0 and den.expert_of_step[den.expert_switch_step] == 1
         den.close()
     assert wan_structure.branches(5.0) == ("cond", "uncond") and wan_structure.branches(1.0) == ("cond",)
+
+
+def test_round2_item5_the_calibration_follows_the_pipelines_model(monkeypatch):
+    """Issue 37.5: accelerate() used Wan2.1's curve whatever the pipeline was (K=5 instead of 6 on MorcaTiny at
+    2x); now the transformer's config names the model, and an unknown architecture is refused."""
+    from types import SimpleNamespace
+
+    from morca_env.calibration_files import calibration_for_pipeline, load_calibration
+    from morca_env.models import tiny
+    from morca_env.wan_structure import budget_spec
+
+    def pipe_of(config, second=None):
+        return SimpleNamespace(transformer=SimpleNamespace(config=config), transformer_2=second)
+
+    wan21 = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16}
+    wan22 = {**wan21, "num_layers": 40, "num_attention_heads": 40}
+    assert calibration_for_pipeline(pipe_of(wan21)) == "wan21"
+    assert calibration_for_pipeline(pipe_of(wan22, second=object())) == "wan22"
+    assert calibration_for_pipeline(pipe_of(dict(tiny.TRANSFORMER_CONFIG))) == "tiny"
+    with pytest.raises(ValueError, match="no speedup calibration is known.*'num_layers': 40.*one transformer"):
+        calibration_for_pipeline(pipe_of(wan22))  # Wan2.1-14B: no calibration of ours
+    assert calibration_for_pipeline(tiny.load_morca_tiny()) == "tiny"  # the shipped pipeline itself
+    small = make_pipe("wan21", with_text_encoder=False, with_vae=True)  # a test architecture: no calibration
+    with pytest.raises(ValueError, match="no speedup calibration is known"):
+        morca_env.accelerate(small, UniformInterval(), speedup=2.0, **call(small))
+    # accelerate's default: the named model's curve (a Wan2.1 curve here would give another K)
+    monkeypatch.setattr("morca_env.calibration_files.calibration_for_pipeline", lambda pipe: "tiny")
+    max_budget = budget_spec(small, CALL["num_inference_steps"]).max_budget
+    tiny_k = load_calibration("tiny", 12, max_budget).budget_for_speedup(2.5)
+    assert tiny_k != load_calibration("wan21", 12, max_budget).budget_for_speedup(2.5)
+    assert sum(morca_env.accelerate(small, UniformInterval(), speedup=2.5, **call(small)).schedule) == tiny_k

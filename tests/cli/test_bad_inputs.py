@@ -20,7 +20,7 @@ from morca_env.env import MorcaEnv
 from morca_env.schedulers.fixed import UniformInterval
 from tests.conftest import make_pipe, prompt_embeds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ENV_ROWS = [  # MorcaEnv("tiny", **{argument: value}), checked at construction
     ("model", "nope", "unknown model 'nope'; valid models: wan21, wan22, tiny"),
