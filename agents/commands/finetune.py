@@ -81,8 +81,7 @@ def main(argv=None) -> int:
                           speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range),
                           max_steps_per_epoch=args.max_steps_per_epoch, n_step=args.n_step, features=args.features,
                           seed=args.seed)
-    args.run_dir.mkdir(parents=True, exist_ok=True)
-    (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    record_run_arguments(args.run_dir, args)
     trainer = OnlineTrainer(env, config, args.run_dir, offline_algo=offline, offline_buffer=buffer,
                             device=args.device)
     history = trainer.run()

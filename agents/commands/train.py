@@ -13,7 +13,6 @@ TensorBoard logs in `<run-dir>/tb`, and `<run-dir>/final.d3`. Load with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
@@ -21,7 +20,7 @@ import d3rlpy
 import minari
 
 from agents.offline import OfflineConfig, OfflineTrainer
-from morca_env.cli import add_run_arguments, positive_int, show_library_messages
+from morca_env.cli import add_run_arguments, positive_int, record_run_arguments, show_library_messages
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -50,12 +49,7 @@ def main(argv=None) -> int:
     show_library_messages()
     args = parse_args(argv)
     configure_threads(args.threads)
-    stored = args.run_dir / "args.json"
-    if args.resume and stored.exists():  # a run on other data would be "resumed" past its last epoch, silently
-        before = json.loads(stored.read_text()).get("dataset")
-        if before not in (str(args.dataset), args.dataset[0] if len(args.dataset) == 1 else None):
-            raise SystemExit(f"--resume: {args.run_dir} holds a run on dataset {before}, not {args.dataset}; "
-                             "use another --run-dir (or remove this one) to train on the new data")
+    record_run_arguments(args.run_dir, args)  # a resume with other data or hyperparameters is refused first
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
     buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(datasets[0], args.episodes),
@@ -66,7 +60,6 @@ def main(argv=None) -> int:
     trainer = OfflineTrainer(buffer, config, args.run_dir)
     if args.resume:
         trainer.resume()
-    (args.run_dir / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes")
     trainer.run()
     return 0

@@ -196,17 +196,37 @@ def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
     """A rerun on new data (the quickstart's recipe changed) must not 'resume' past the old run's last epoch."""
     run_dir = tmp_path / "offline"
     run_dir.mkdir()
-    (run_dir / "args.json").write_text(json.dumps({"dataset": "morca/tiny/quickstart-v0"}))
+    (run_dir / "args.json").write_text(json.dumps({"dataset": "['morca/tiny/quickstart-v0']"}))
     env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari")}
     out = subprocess.run([sys.executable, "-m", "morca_env.commands", "train", "--dataset", "morca/tiny/quickstart-mixture-v0",
                           "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
-    assert out.returncode != 0 and "holds a run on dataset morca/tiny/quickstart-v0" in out.stderr
-    # the same dataset (as older runs stored it, a plain string) passes the check and fails later, on the missing data
+    assert out.returncode != 0 and ("was run with other arguments (--dataset ['morca/tiny/quickstart-v0'] -> "
+                                    "['morca/tiny/quickstart-mixture-v0'])") in out.stderr, out.stderr[-1000:]
+    # the same dataset passes the check and fails later, on the missing data
     out = subprocess.run([sys.executable, "-m", "morca_env.commands", "train", "--dataset", "morca/tiny/quickstart-v0",
                           "--run-dir", str(run_dir), "--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
-    assert out.returncode != 0 and "holds a run" not in out.stderr
+    assert out.returncode != 0 and "other arguments" not in out.stderr
+
+
+def test_round2_item4_a_resume_with_changed_hyperparameters_is_refused_and_args_json_tells_the_truth(tmp_path):
+    """Issue 37.4: --resume with another --lr / --features kept the checkpoint's network and rewrote args.json to
+    claim the new values. Now it is refused, naming each change; extending the run (--epochs) is allowed."""
+    from agents.commands.train import parse_args
+    from morca_env.cli import record_run_arguments
+
+    run_dir = tmp_path / "offline"
+    first = parse_args(["--run-dir", str(run_dir), "--lr", "1e-4", "--epochs", "2"])
+    record_run_arguments(run_dir, first)
+    recorded = (run_dir / "args.json").read_text()
+    changed = parse_args(["--run-dir", str(run_dir), "--lr", "1e-3", "--features", "p3", "--epochs", "2", "--resume"])
+    with pytest.raises(SystemExit, match=r"--features p3,mean,var -> p3; --lr 0.0001 -> 0.001"):
+        record_run_arguments(run_dir, changed)
+    assert (run_dir / "args.json").read_text() == recorded  # the record still says what ran
+    longer = parse_args(["--run-dir", str(run_dir), "--lr", "1e-4", "--epochs", "5", "--resume", "--threads", "1"])
+    record_run_arguments(run_dir, longer)
+    assert json.loads((run_dir / "args.json").read_text())["epochs"] == "5"
 
 
 @pytest.mark.slow
