@@ -14,7 +14,6 @@ updates, then `--joint-epochs` of joint updates. Checkpoints every round.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import minari
 import morca_env  # noqa: F401
 from agents.checkpoint import load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
-from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, refuse_to_overwrite,
+from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, record_run_arguments,
+                           refuse_to_overwrite,
                            show_library_messages, training_env_kwargs)
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
