@@ -25,6 +25,7 @@ import os
 import shutil
 import time
 import uuid
+import zipfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from .budget import BudgetSpec
 from .io import atomic_path, atomic_write_text, exclusive_lock
 from .paths import cache_root
 from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
+from . import dataset_integrity as integrity
 from . import schedulers
 from .quiet import quiet_d3rlpy
 from .registration import register_envs
@@ -169,10 +171,28 @@ def write_episode(staging: Path, index: int, episode: dict) -> None:
 
 
 def read_episode(path: Path) -> dict:
-    with np.load(path) as data:
-        obs = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith("obs/")}
-        return {"observations": obs, "actions": data["actions"], "rewards": data["rewards"],
-                "meta": json.loads(data["meta"].tobytes().decode())}
+    """A staged episode; a damaged file (a zip member's CRC, a truncation) raises naming it."""
+    try:
+        with np.load(path) as data:
+            obs = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith("obs/")}
+            return {"observations": obs, "actions": data["actions"], "rewards": data["rewards"],
+                    "meta": json.loads(data["meta"].tobytes().decode())}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"staged episode {path} is damaged ({type(error).__name__}: {error})") from error
+
+
+def drop_damaged_episodes(staging: Path) -> list[int]:
+    """Remove staged episode files that do not read back whole, so that resuming collects them again; -> their
+    indices. Every staged file is read (zip CRCs), a few ms each."""
+    dropped = []
+    for path in sorted((staging / "episodes").glob("ep_*.npz")):
+        try:
+            read_episode(path)
+        except ValueError as error:
+            log.warning("%s; it is collected again", error)
+            path.unlink(missing_ok=True)
+            dropped.append(int(path.stem[3:]))
+    return dropped
 
 
 def completed_indices(staging: Path, num_episodes: int) -> set[int]:
@@ -278,13 +298,12 @@ def collect_dataset(
 
 def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor):
     """`collect_dataset` while holding the id's lock: nobody else stages, builds or replaces this id."""
-    import minari
-
     final = minari_root() / recipe.dataset_id
     if (final / "data").exists() and not overwrite:
-        existing = minari.load_dataset(recipe.dataset_id)
+        existing = integrity.load_dataset(recipe.dataset_id)
         if resume and existing.total_episodes == recipe.num_episodes and \
                 existing.storage.metadata.get("morca_recipe_identity") == json.dumps(recipe.identity(), sort_keys=True):
+            integrity.verify_dataset(existing)  # a damaged or truncated dataset is not "already collected"
             return existing
         raise FileExistsError(f"dataset {recipe.dataset_id!r} already exists at {final} "
                               f"({existing.total_episodes} episodes); pass overwrite=True to rebuild it")
@@ -302,6 +321,7 @@ def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, 
         leftover.unlink(missing_ok=True)
     atomic_write_text(identity_file, identity)
 
+    drop_damaged_episodes(staging)
     done = completed_indices(staging, recipe.num_episodes)
     todo = [i for i in range(recipe.num_episodes) if i not in done]
     t0 = time.perf_counter()
@@ -400,7 +420,9 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     shutil.rmtree(build_root, ignore_errors=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return minari.load_dataset(recipe.dataset_id)
+    dataset = minari.load_dataset(recipe.dataset_id)
+    integrity.verify_dataset(dataset)  # what was renamed into place is what was written
+    return dataset
 
 
 def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root: Path,
@@ -412,7 +434,7 @@ def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, act
     from .benchmark import reference_returns
 
     refs = reference_returns(recipe.env_id, recipe.env_kwargs, r_max)
-    minari.create_dataset_from_buffers(
+    created = minari.create_dataset_from_buffers(
         dataset_id=recipe.dataset_id, buffer=buffers, env=env_spec, eval_env=eval_spec,
         algorithm_name=recipe.algorithm_name, author=recipe.author, code_permalink=recipe.code_permalink,
         observation_space=observation_space, action_space=action_space,
@@ -420,7 +442,10 @@ def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, act
         ref_min_score=None if refs is None else refs[0], ref_max_score=None if refs is None else refs[1],
         data_format="hdf5", jpeg_encoding=False, requirements=None)
     _add_metadata(build_root / recipe.dataset_id, {"morca_recipe": json.dumps(recipe.__dict__, sort_keys=True),
-                                                   "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True)})
+                                                   "morca_recipe_identity": json.dumps(recipe.identity(), sort_keys=True),
+                                                   # over what Minari reads back: every later read is compared
+                                                   integrity.METADATA_KEY: json.dumps(
+                                                       integrity.episode_checksums(created))})
 
 
 def dataset_card(recipe: CollectionRecipe, metas: list[dict], refs: tuple[float, float] | None) -> str:
@@ -511,8 +536,26 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     datasets = list(dataset) if isinstance(dataset, (list, tuple)) else [dataset]
     if not datasets:
         raise ValueError("to_replay_buffer needs at least one dataset")
+    datasets = [integrity.load_dataset(d) if isinstance(d, str) else d for d in datasets]  # ids are fine too
+    for d in datasets:
+        if not hasattr(d, "iterate_episodes"):
+            raise TypeError(f"dataset={d!r}: give a minari.MinariDataset, a dataset id, or a list of them")
+    if episode_indices is not None:
+        indices = [int(i) for i in episode_indices]
+        total = datasets[0].total_episodes
+        bad = [i for i in indices if not 0 <= i < total]
+        if bad or len(set(indices)) != len(indices):
+            raise ValueError(f"episode_indices: {bad or sorted({i for i in indices if indices.count(i) > 1})} "
+                             f"{'out of range' if bad else 'repeated'}; valid: distinct indices in [0, {total - 1}] "
+                             f"of {datasets[0].spec.dataset_id!r}")
+        episode_indices = indices
+    steps = {d.spec.dataset_id: len(next(iter(d.iterate_episodes([0]))).actions) for d in datasets if d.total_episodes}
+    if len(set(steps.values())) > 1:
+        raise ValueError(f"datasets of different step counts cannot share a buffer (the state's t, u_t and K are "
+                         f"fractions of N): {steps}")
     episodes = []
-    for ep in (e for i, d in enumerate(datasets) for e in d.iterate_episodes(episode_indices if i == 0 else None)):
+    for ep in (e for i, d in enumerate(datasets)
+               for e in integrity.iterate_checked(d, episode_indices if i == 0 else None)):
         obs = {k: np.asarray(v) for k, v in ep.observations.items()}
         n = len(ep.actions)
         if any(len(v) != n + 1 for v in obs.values()):

@@ -171,3 +171,72 @@ def test_round2_item10_a_killed_build_leaves_nothing_behind_and_never_loses_the_
     assert not list(final.parent.glob(".left-v0.old-*"))
     assert collect("test/tiny/left-v0", 3, behavior="uniform", overwrite=True).total_episodes == 3
     assert not [p for p in final.parent.iterdir() if p.name.startswith(".")]
+
+
+def _flip_one_value(path, dataset_path: str, index: int = 0):
+    """Change one stored value of `dataset_path` (e.g. episode_0/rewards) in place, as a flipped bit would."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r+") as f:
+        data = f[dataset_path]
+        values = np.array(data)
+        flat = values.reshape(-1)
+        flat[index] = flat[index] + 1 if values.dtype != bool else not flat[index]
+        data[...] = values
+
+
+@pytest.mark.parametrize("where", ["rewards", "actions", "observations/scalars"])
+def test_round2_item3_a_changed_value_anywhere_in_an_episode_is_caught_naming_file_and_episode(roots, where):
+    """Issue 37.3: one flipped reward loaded silently (16.75 -> 4.19). Every loader of ours now checks each
+    episode against the checksum recorded at build time."""
+    import minari
+
+    from morca_env.dataset_integrity import DatasetIntegrityError, verify_dataset
+
+    dataset = collect("test/tiny/sums-v0", 3, behavior="uniform")
+    assert verify_dataset(dataset) == 3
+    hdf5 = Path(dataset.storage.data_path) / "main_data.hdf5"
+    _flip_one_value(hdf5, f"episode_1/{where}", index=2)
+    damaged = minari.load_dataset("test/tiny/sums-v0")  # Minari itself loads it without a word
+    match = r"episode 1 in .*main_data.hdf5 does not match its recorded checksum"
+    with pytest.raises(DatasetIntegrityError, match=match):
+        verify_dataset(damaged)
+    with pytest.raises(DatasetIntegrityError, match=match):
+        to_replay_buffer(damaged)
+    assert to_replay_buffer(damaged, episode_indices=[0, 2]).size() == 2  # the intact episodes still load
+    with pytest.raises(DatasetIntegrityError, match=match):  # resume does not call it complete
+        collect("test/tiny/sums-v0", 3, behavior="uniform")
+    from morca_env import commands
+
+    assert commands.main(["verify-dataset", "test/tiny/sums-v0"]) == 1  # a plain minari user's check
+
+
+def test_round2_item3_a_damaged_staged_episode_is_collected_again(roots, caplog):
+    collect("test/tiny/staged-v0", 3, behavior="uniform")
+    staged = roots / "cache" / "collect" / "test" / "tiny" / "staged-v0" / "episodes" / "ep_000001.npz"
+    good = data.read_episode(staged)
+    raw = staged.read_bytes()
+    staged.write_bytes(raw[: len(raw) // 2])  # a torn file
+    with pytest.raises(ValueError, match=r"staged episode .*ep_000001.npz is damaged"):
+        data.read_episode(staged)
+    dataset = collect("test/tiny/staged-v0", 3, behavior="uniform", overwrite=True)
+    assert dataset.total_episodes == 3 and "ep_000001.npz is damaged" in caplog.text
+    again = data.read_episode(staged)  # recollected: the same episode (all but its timings)
+    assert (again["actions"] == good["actions"]).all() and (again["rewards"] == good["rewards"]).all()
+    assert all((again["observations"][k] == v).all() for k, v in good["observations"].items())
+
+
+def test_round2_item8_9_replay_buffer_inputs_are_checked(roots):
+    collect("test/tiny/inputs-v0", 2, behavior="uniform")
+    assert to_replay_buffer("test/tiny/inputs-v0").size() == 2  # an id works as the dataset
+    with pytest.raises(ValueError, match=r"episode_indices: \[99\] out of range; valid: distinct indices in \[0, 1\]"):
+        to_replay_buffer("test/tiny/inputs-v0", episode_indices=[99])
+    with pytest.raises(ValueError, match=r"episode_indices: \[0\] repeated"):
+        to_replay_buffer("test/tiny/inputs-v0", episode_indices=[0, 0, 0])
+    with pytest.raises(TypeError, match="give a minari.MinariDataset, a dataset id"):
+        to_replay_buffer(42)
+    collect_dataset("test/tiny/inputs20-v0", "MorcaTinyRandom-v0", 1, env_kwargs={**ENV_KWARGS, "num_inference_steps": 8},
+                    behavior="uniform", progress=False)
+    with pytest.raises(ValueError, match="different step counts"):
+        to_replay_buffer(["test/tiny/inputs-v0", "test/tiny/inputs20-v0"])
