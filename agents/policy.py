@@ -39,11 +39,16 @@ class MorcaPolicy:
         # per call in conversions and checks, as much as MorcaTiny's scalar-state network itself
         # several times over, and a scheduler's own time is paid in speedup.
         impl = getattr(algo, "impl", None)
-        network = getattr(impl, "policy", None) if impl is not None else None
+        if impl is None:
+            raise ValueError(f"{type(algo).__name__} has no networks yet: fit it (or load a checkpoint) first")
+        try:  # d3rlpy's own algorithms raise NotImplementedError here (DQN, CQL, BC): they act through predict()
+            network = impl.policy
+        except (AttributeError, NotImplementedError):
+            network = None
         self._network = network if isinstance(network, torch.nn.Module) else None
         self._device = getattr(impl, "device", "cpu")
         self._on_cpu = torch.device(self._device).type == "cpu"
-        shape = getattr(impl, "observation_shape", None) if impl is not None else None
+        shape = getattr(impl, "observation_shape", None)
         self.flat = shape is not None and is_flat_shape(shape)  # trained on to_replay_buffer's default (flat) form
         factory = getattr(getattr(algo, "config", None), "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))  # unknown encoders: assume they do

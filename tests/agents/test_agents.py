@@ -386,3 +386,30 @@ def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tm
     assert (tmp_path / "checkpoints" / "0002.d3").exists() and not (tmp_path / "checkpoints" / "0003.d3").exists()
     with pytest.raises(ValueError, match="epochs=0 must be a positive integer"):
         OfflineConfig(epochs=0)
+
+
+@pytest.mark.parametrize("config", ["DiscreteCQLConfig", "DiscreteBCConfig"])
+def test_round2_item6_any_fitted_discrete_d3rlpy_algorithm_schedules_through_morca_policy(config, tmp_path, monkeypatch):
+    """Issue 37.6: d3rlpy's own algorithms raise NotImplementedError for `impl.policy`, which made MorcaPolicy's
+    foreign-algorithm path dead code. Trained on the default (flat) buffer, each now plays feasible, exact-K
+    episodes through its public predict()."""
+    import gymnasium as gym
+
+    from morca_env.data import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"num_inference_steps": 8, "lpips": False, "speedup": 2.0}
+    dataset = collect_dataset("test/tiny/foreign-v0", "MorcaTinyRandom-v0", 2, env_kwargs=kwargs, behavior="random",
+                              progress=False)
+    algo = getattr(d3rlpy.algos, config)(batch_size=4).create(device="cpu")
+    algo.fit(to_replay_buffer(dataset), n_steps=2, n_steps_per_epoch=2, show_progress=False, logger_adapter=quiet())
+    policy = MorcaPolicy(algo)
+    assert policy._network is None and policy.flat  # the predict() path, on flat observations
+    env = gym.make("MorcaTinyRandom-v0", budget=3, **{k: v for k, v in kwargs.items() if k != "speedup"},
+                   reference_cache_dir=str(tmp_path / "refs"))
+    for seed in (0, 1):
+        info = play_feasible_episode(env, policy, seed)
+        assert sum(info["schedule"]) == 3
+    with pytest.raises(ValueError, match="has no networks yet"):
+        MorcaPolicy(getattr(d3rlpy.algos, config)().create(device="cpu"))
