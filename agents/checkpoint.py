@@ -49,7 +49,12 @@ def write_checksum(path: str | Path, source: str | Path | None = None) -> Path:
 
 def verify(path: str | Path) -> Path:
     """Raise `CheckpointError` (naming the file) unless `path` matches its recorded sha256."""
+    if path is None or not isinstance(path, (str, Path)):
+        raise TypeError(f"checkpoint path={path!r}: give the path of a checkpoint file (.d3 or .pt)")
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file: give a file in it, e.g. "
+                                f"{path / 'final.d3'}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     side = checksum_path(path)

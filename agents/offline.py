@@ -44,6 +44,11 @@ class OfflineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        if not 0.0 < self.expectile < 1.0:  # outside it the V regression's weights turn negative
+            raise ValueError(f"expectile={self.expectile!r} must lie in (0, 1) (the paper's 0.7)")
+        for name in ("learning_rate", "beta", "max_weight"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
 
     def create(self) -> DiscreteIQL:
         encoder = MorcaEncoderFactory(features=self.features)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
@@ -156,10 +157,16 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     if (speedup is None) == (budget is None):
         raise ValueError(f"pass exactly one of speedup or budget (got speedup={speedup!r}, budget={budget!r})")
     num_steps = call_kwargs.get("num_inference_steps", 50)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+    if isinstance(num_steps, (bool, np.bool_)) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise ValueError(f"num_inference_steps={num_steps!r} must be a positive integer")
+    num_steps = int(num_steps)
+    if "num_inference_steps" in call_kwargs:
+        call_kwargs = {**call_kwargs, "num_inference_steps": num_steps}
     if signal not in SIGNAL_KINDS:
         raise ValueError(f"signal={signal!r}; valid: {SIGNAL_KINDS}")
+    if isinstance(policy, type):
+        raise TypeError(f"policy={policy.__name__} is a class: pass an instance, e.g. {policy.__name__}(...) or "
+                        "morca_env.make_scheduler(name)")
     if not (callable(policy) and callable(getattr(policy, "reset", None))):
         raise TypeError(f"policy={policy!r} must have reset(obs, info) and __call__(obs) -> action, "
                         "like morca_env.policies or agents.MorcaPolicy")

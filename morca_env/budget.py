@@ -203,8 +203,15 @@ class SpeedupCalibration:
             raise ValueError(f"scheduler_cost_s needs a measured calibration (full latency and step count); "
                              f"this one is: {self.source}. Run scripts/calibrate.py.")
         fraction = seconds_per_step * self.num_steps / self.full_latency_s
-        return replace(self, scheduler_fraction=self.scheduler_fraction + fraction,
-                       source=f"{self.source} + scheduler {seconds_per_step * 1e3:.2f} ms/step")
+        costed = replace(self, scheduler_fraction=self.scheduler_fraction + fraction,
+                         source=f"{self.source} + scheduler {seconds_per_step * 1e3:.2f} ms/step")
+        best = costed.speedup_of_budget(self.max_budget)
+        if best < 1.0:
+            raise ValueError(f"scheduler_cost_s={seconds_per_step!r}: a scheduler this slow "
+                             f"({seconds_per_step * self.num_steps / self.full_latency_s:.0%} of a stock run's "
+                             f"{self.full_latency_s:.3f} s) makes even K={self.max_budget} slower than no cache "
+                             f"({best:.2f}x); no speedup >= 1 is reachable")
+        return costed
 
     @property
     def speedup_range(self) -> tuple[float, float]:

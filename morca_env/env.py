@@ -350,6 +350,9 @@ class MorcaEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         self._episode_active, self._ended = False, False  # until this reset succeeds
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, dict):  # "prompt" or [] used to slip through
+            raise TypeError(f"options={options!r} must be a dict (or None); keys: prompt, seed, speedup, budget, "
+                            "scheduler_cost_s")
         options = dict(options or {})
         unknown = set(options) - {"prompt", "seed", "speedup", "budget", "scheduler_cost_s"}
         if unknown:

@@ -133,7 +133,10 @@ def get_suite(prompts: str | Sequence[str] | PromptSuite) -> PromptSuite:
                 raise ValueError(f"prompts={prompts!r}: expected <suite>:<n> with a suite among {', '.join(SUITE_NAMES)}"
                                  " and n >= 1")
             suite = _builtin(base)
-            n = min(int(count), len(suite))
+            if int(count) > len(suite):
+                raise ValueError(f"prompts={prompts!r}: suite {base!r} has {len(suite)} prompts; valid: "
+                                 f"{base}:1 .. {base}:{len(suite)}")
+            n = int(count)
             return PromptSuite(prompts, suite.prompts[:n], _fixed_seeds(suite)[:n])
         if prompts not in SUITE_NAMES:
             raise ValueError(f"unknown prompt suite {prompts!r}; valid suites: {', '.join(SUITE_NAMES)} (or pass a list of prompts)")

@@ -46,6 +46,9 @@ class Trajectory:
 
 def rollout(env, policy, options: dict | None = None, seed: int | None = None, record: bool = False) -> Trajectory:
     """Play one episode of `env` with `policy`; see the module docstring."""
+    if isinstance(policy, type) or not callable(getattr(policy, "reset", None)):
+        raise TypeError(f"policy={policy!r}: pass a scheduler instance with reset(obs, info) and __call__(obs), e.g. "
+                        f"{policy.__name__ + '()' if isinstance(policy, type) else 'morca_env.make_scheduler(name)'}")
     obs, reset_info = env.reset(seed=seed, options=options)
     view = getattr(env.unwrapped, "run_view", None)  # the run played, for run-time rules (the env's info stays plain)
     t0 = time.perf_counter()

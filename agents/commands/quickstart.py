@@ -28,9 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from morca_env.cli import nonnegative_int, speedup
+from morca_env.cli import nonnegative_int, positive_int, speedup
 from morca_env.commands import resume_flag, run_step as run
 
+# sizes where 0 means something (no cap on the updates, no warm-up, the installed calibration); every other
+# count must be positive (--episodes 0 / --workers 0 used to pass here and fail later inside a child step)
+ZERO_ALLOWED = {"max_steps_per_epoch", "online_steps_per_epoch", "warmup_epochs", "calibration_rounds"}
 SCALES = {
     # quick: scalar state features and Monte-Carlo returns, the variant that learns at CPU scale
     # (docs/results/ablation_tiny.md), on the mixture data (threshold curves alone: -0.2 / -0.4 dB against the
@@ -55,9 +58,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="morca quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=tuple(SCALES), default="quick")
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"))
-    for name, value in SCALES["quick"].items():  # counts: 0 means "no cap" where a size is a cap
-        p.add_argument(f"--{name.replace('_', '-')}", type=nonnegative_int if isinstance(value, int) else str,
-                       default=None)
+    for name, value in SCALES["quick"].items():  # counts: 0 means "none" / "no cap" only where it can
+        count = nonnegative_int if name in ZERO_ALLOWED else positive_int
+        p.add_argument(f"--{name.replace('_', '-')}", type=count if isinstance(value, int) else str, default=None)
     p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
     args = p.parse_args(argv)
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}

@@ -18,6 +18,11 @@ from ..rollout import rollout
 def make_envs(env_id: str, suite, env_kwargs: dict):
     """(env, free_env) on one pipeline: exact-budget schedulers run in `env`, rules that spend their own K in
     `free_env` (no budget enforced)."""
+    per_episode = sorted(set(env_kwargs) & {"budget", "speedup", "enforce_budget", "prompts"})
+    if per_episode:
+        raise ValueError(f"env_kwargs {per_episode}: the evaluation sets these itself (the targets give each "
+                         "episode's speedup and K, the suite its prompts, each method's form the budget mode); "
+                         "remove them, and pass --targets / --suite instead")
     env = gym.make(env_id, budget=0, prompts=suite, **env_kwargs)
     free_env = gym.make(env_id, budget=0, enforce_budget=False, pipeline=env.unwrapped.pipe,
                         prompts=env.unwrapped.suite, **{k: v for k, v in env_kwargs.items() if k != "model_id"})

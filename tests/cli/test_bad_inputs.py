@@ -34,6 +34,7 @@ ENV_ROWS = [  # MorcaEnv("tiny", **{argument: value}), checked at construction
     ("prompts", "nosuchsuite", "unknown prompt suite 'nosuchsuite'; valid suites: vbench-train"),
     ("prompts", [], "prompts=[] must be a suite name (vbench-train"),
     ("prompts", 5, "prompts=5 must be a suite name"),
+    ("prompts", "tiny-eval:99999", "prompts='tiny-eval:99999': suite 'tiny-eval' has"),  # round 2, item 9
     ("num_inference_steps", 0, "num_inference_steps=0 must be a positive integer"),
     ("num_inference_steps", 2.5, "num_inference_steps=2.5 must be a positive integer"),
     ("num_inference_steps", 2, "num_inference_steps=2 leaves no step that may reuse the cache (steps [0, 1] always "
@@ -91,6 +92,8 @@ RESET_ROWS = [  # env.reset(options={...}) on MorcaTiny with 10 steps
     ({"budget": 2, "speedup": 2}, "reset options take speedup or budget, not both"),
     ({"scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
     ({"foo": 1}, "unknown reset options ['foo']; valid: prompt, seed, speedup, budget, scheduler_cost_s"),
+    ("prompt", "options='prompt' must be a dict (or None)"),  # round 2, item 8
+    ([], "options=[] must be a dict (or None)"),  # round 2, item 9: was taken as {}
 ]
 STEP_ROWS = [2, -1, 0.5, "1", None, True, np.array([0, 1])]
 
@@ -115,8 +118,12 @@ def test_step_action(env, action):
 
 
 ACCELERATE_ROWS = [  # morca_env.accelerate(pipe, policy, **kwargs) on a tiny Wan2.1 pipeline with 6 steps
-    ({"speedup": 99}, "speedup=99 is outside the feasible range [1.00, "),
-    ({"speedup": "3"}, "speedup='3' must be a number in [1.00, "),
+    ({"speedup": 99, "calibration": "wan21"}, "speedup=99 is outside the feasible range [1.00, "),
+    ({"speedup": "3", "calibration": "wan21"}, "speedup='3' must be a number in [1.00, "),
+    ({"speedup": 2}, "no speedup calibration is known for this pipeline's transformer"),  # round 2, item 5
+    ({"speedup": 2, "calibration": "wan21", "scheduler_cost_s": 100.0},
+     "scheduler_cost_s=100.0: a scheduler this slow"),  # round 2, item 8: was "range [1.00, 0.00]"
+    ({"budget": 1, "policy": UniformInterval}, "policy=UniformInterval is a class: pass an instance"),  # item 8
     ({"budget": 99}, "budget K=99 is outside the feasible range [0, 4]"),
     ({"budget": 1.5}, "budget=1.5 must be an integer number of reuse steps in [0, 4]"),
     ({"speedup": 2, "budget": 2}, "pass exactly one of speedup or budget (got speedup=2, budget=2)"),
@@ -124,7 +131,7 @@ ACCELERATE_ROWS = [  # morca_env.accelerate(pipe, policy, **kwargs) on a tiny Wa
     ({"budget": 1, "signal": "foo"}, "signal='foo'; valid: ('official', 'latent')"),
     ({"speedup": 2, "calibration": "wan2.1"}, "calibration='wan2.1' is not a registered model; valid: tiny"),
     ({"speedup": 2, "calibration": 5}, "calibration=5; valid: a registered model name"),
-    ({"speedup": 2, "scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
+    ({"speedup": 2, "calibration": "wan21", "scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
     ({"budget": 1, "num_inference_steps": 0}, "num_inference_steps=0 must be a positive integer"),
     ({"budget": 1, "num_inference_steps": "6"}, "num_inference_steps='6' must be a positive integer"),
     ({"budget": 1, "num_inference_steps": 2}, "budget K=1 is outside the feasible range [0, 0]"),
@@ -132,7 +139,7 @@ ACCELERATE_ROWS = [  # morca_env.accelerate(pipe, policy, **kwargs) on a tiny Wa
 ]
 
 
-@pytest.mark.parametrize("kwargs, fragment", ACCELERATE_ROWS, ids=[json.dumps(k) for k, _ in ACCELERATE_ROWS])
+@pytest.mark.parametrize("kwargs, fragment", ACCELERATE_ROWS, ids=[json.dumps(k, default=str) for k, _ in ACCELERATE_ROWS])
 def test_accelerate_argument(kwargs, fragment):
     pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
     embeds = prompt_embeds()
@@ -206,8 +213,10 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["calibrate", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
     (["export-searched", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
     (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
-    (["quickstart", "--episodes", "-4"], "argument --episodes: '-4' is not a non-negative integer"),
+    (["quickstart", "--episodes", "-4"], "argument --episodes: '-4' is not a positive integer"),
     (["quickstart", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
+    (["quickstart", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),  # round 2, item 9
+    (["quickstart", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
     (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
 ]
 
@@ -223,3 +232,24 @@ def test_script_argument(args, fragment, capsys, monkeypatch):
             commands.main([script, *argv])
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_round2_item8_9_api_values_that_used_to_give_raw_errors_or_pass_silently(tmp_path):
+    from agents.checkpoint import verify
+    from agents.offline import OfflineConfig
+    from morca_env.evaluation.episodes import make_envs
+
+    with pytest.raises(IsADirectoryError, match="is a directory, not a checkpoint file"):
+        verify(tmp_path)
+    with pytest.raises(TypeError, match="checkpoint path=None: give the path of a checkpoint file"):
+        verify(None)
+    with pytest.raises(ValueError, match=r"expectile=2 must lie in \(0, 1\)"):
+        OfflineConfig(expectile=2)
+    with pytest.raises(ValueError, match=r"env_kwargs \['budget', 'speedup'\]: the evaluation sets these itself"):
+        make_envs("MorcaTinyRandom-v0", "tiny-eval", {"speedup": 2.0, "budget": 3})
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)  # a numpy step count, as budgets take
+    embeds = prompt_embeds()
+    result = morca_env.accelerate(pipe, UniformInterval(), budget=np.int64(2), num_inference_steps=np.int64(6),
+                                  prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32,
+                                  num_frames=9, output_type="latent")
+    assert sum(result.schedule) == 2 and len(result.schedule) == 6
