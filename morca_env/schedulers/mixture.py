@@ -19,6 +19,10 @@ class Mixture:
     def __init__(self, components=(), env=None, seed: int | None = None):
         if not components:
             raise ValueError("a mixture needs at least one component")
+        for component in components:
+            if not isinstance(component, dict) or not isinstance(component.get("name"), str):
+                raise ValueError(f"mixture component {component!r} must be an object with a scheduler \"name\" "
+                                 "(and optionally a \"weight\" and the scheduler's options)")
         weights = np.array([float(c.get("weight", 1.0)) for c in components])
         if np.any(weights < 0) or weights.sum() <= 0:
             raise ValueError(f"mixture weights {weights.tolist()} must be >= 0 with a positive sum")

@@ -253,3 +253,10 @@ def test_round2_item8_9_api_values_that_used_to_give_raw_errors_or_pass_silently
                                   prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32,
                                   num_frames=9, output_type="latent")
     assert sum(result.schedule) == 2 and len(result.schedule) == 6
+
+
+def test_round2_item8_a_mixture_component_without_a_name_is_named():
+    from morca_env import schedulers
+
+    with pytest.raises(ValueError, match=r"mixture component \{'weight': 1\} must be an object with a scheduler"):
+        schedulers.make("mixture", components=[{"weight": 1}])
