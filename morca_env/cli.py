@@ -133,23 +133,31 @@ def refuse_to_overwrite(run_dir: Path, marker: str, resume: bool) -> None:
 RESUMABLE_CHANGES = frozenset({"resume", "threads", "device", "epochs", "rounds", "run_dir"})
 
 
+def check_run_arguments(run_dir: Path, args: argparse.Namespace, may_change=RESUMABLE_CHANGES) -> None:
+    """On `--resume`, refuse arguments that differ from the run's own `args.json` (a resumed run keeps its
+    checkpoint's network and optimiser, so a new learning rate or feature set would be recorded without being
+    applied). Extending a run (`--epochs`, `--rounds`) or moving it (`--threads`, `--device`) is fine."""
+    path = Path(run_dir) / "args.json"
+    if not (getattr(args, "resume", False) and path.exists()):
+        return
+    try:
+        before = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--resume: {path} is damaged ({error.msg}); use another --run-dir") from None
+    now = {k: str(v) for k, v in vars(args).items()}
+    changed = [f"--{k.replace('_', '-')} {before[k]} -> {now[k]}" for k in sorted(set(before) & set(now))
+               if k not in may_change and before[k] != now[k]]
+    if changed:
+        raise SystemExit(f"--resume: {run_dir} was run with other arguments ({'; '.join(changed)}); a resumed run "
+                         "keeps its checkpoint's network and optimiser, so rerun with the recorded values "
+                         f"({path}) or start a new --run-dir")
+
+
 def record_run_arguments(run_dir: Path, args: argparse.Namespace, may_change=RESUMABLE_CHANGES) -> None:
-    """Write `<run_dir>/args.json`; on `--resume`, first refuse arguments that differ from the run's own (a resumed
-    run keeps its checkpoint's network and optimiser, so a new learning rate or feature set would be recorded
-    without being applied). Extending a run (`--epochs`, `--rounds`) or moving it (`--threads`, `--device`) is fine."""
+    """`check_run_arguments`, then write `<run_dir>/args.json` (atomically): call it once the run's inputs have
+    loaded, so a call that fails on them leaves an earlier run's record alone."""
     from .io import atomic_write_text
 
-    now = {k: str(v) for k, v in vars(args).items()}
-    path = Path(run_dir) / "args.json"
-    if getattr(args, "resume", False) and path.exists():
-        try:
-            before = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"--resume: {path} is damaged ({error.msg}); use another --run-dir") from None
-        changed = [f"--{k.replace('_', '-')} {before[k]} -> {now[k]}" for k in sorted(set(before) & set(now))
-                   if k not in may_change and before[k] != now[k]]
-        if changed:
-            raise SystemExit(f"--resume: {run_dir} was run with other arguments ({'; '.join(changed)}); a resumed run "
-                             "keeps its checkpoint's network and optimiser, so rerun with the recorded values "
-                             f"({path}) or start a new --run-dir")
-    atomic_write_text(path, json.dumps(now, indent=1) + "\n")
+    check_run_arguments(run_dir, args, may_change)
+    atomic_write_text(Path(run_dir) / "args.json",
+                      json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1) + "\n")

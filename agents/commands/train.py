@@ -20,7 +20,8 @@ import d3rlpy
 import minari
 
 from agents.offline import OfflineConfig, OfflineTrainer
-from morca_env.cli import add_run_arguments, positive_int, record_run_arguments, show_library_messages
+from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
+                           show_library_messages)
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
 
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     show_library_messages()
     args = parse_args(argv)
     configure_threads(args.threads)
-    record_run_arguments(args.run_dir, args)  # a resume with other data or hyperparameters is refused first
+    check_run_arguments(args.run_dir, args)  # a resume with other data or hyperparameters is refused first
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
     buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(datasets[0], args.episodes),
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
                            max_weight=args.w_max, expectile=args.expectile, features=args.features,
                            max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
     trainer = OfflineTrainer(buffer, config, args.run_dir)
+    record_run_arguments(args.run_dir, args)  # once the data loaded: a failing call keeps the old record
     if args.resume:
         trainer.resume()
     print(f"{' + '.join(args.dataset)}: {buffer.size()} of {sum(d.total_episodes for d in datasets)} episodes")
