@@ -181,18 +181,15 @@ def read_episode(path: Path) -> dict:
         raise ValueError(f"staged episode {path} is damaged ({type(error).__name__}: {error})") from error
 
 
-def drop_damaged_episodes(staging: Path) -> list[int]:
-    """Remove staged episode files that do not read back whole, so that resuming collects them again; -> their
-    indices. Every staged file is read (zip CRCs), a few ms each."""
-    dropped = []
+def drop_damaged_episodes(staging: Path) -> None:
+    """Remove staged episode files that do not read back whole, so that resuming collects them again. Every
+    staged file is read (zip CRCs), a few ms each."""
     for path in sorted((staging / "episodes").glob("ep_*.npz")):
         try:
             read_episode(path)
         except ValueError as error:
             log.warning("%s; it is collected again", error)
             path.unlink(missing_ok=True)
-            dropped.append(int(path.stem[3:]))
-    return dropped
 
 
 def completed_indices(staging: Path, num_episodes: int) -> set[int]:
@@ -420,9 +417,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
     shutil.rmtree(build_root, ignore_errors=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    dataset = minari.load_dataset(recipe.dataset_id)
-    integrity.verify_dataset(dataset)  # what was renamed into place is what was written
-    return dataset
+    return minari.load_dataset(recipe.dataset_id)
 
 
 def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, action_space, build_root: Path,

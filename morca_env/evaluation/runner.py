@@ -125,6 +125,11 @@ def run_fingerprint(config: EvaluationConfig, suite_name: str) -> dict:
             "timing_repeats": config.timing_repeats, "feedback": config.feedback, "same_k": config.same_k}
 
 
+def as_json(value):
+    """`value` as `run.json` stores it (paths and other objects in env kwargs as strings), to compare like with like."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def check_resume(out: Path, run: dict, methods: dict) -> None:
     """Refuse to continue a run whose rows were made by another configuration; -> writes `run.json` (the union of
     the old and new methods: methods may be added to a run, never changed)."""
@@ -135,9 +140,9 @@ def check_resume(out: Path, run: dict, methods: dict) -> None:
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} is damaged ({error.msg}): move the directory away to start over") from None
         changed = [f"{key}: {recorded['run'].get(key)!r} -> {value!r}" for key, value in run.items()
-                   if recorded["run"].get(key) != json.loads(json.dumps(value))]
+                   if recorded["run"].get(key) != as_json(value)]
         changed += [f"method {label!r}: {recorded['methods'][label]} -> {record}" for label, record in methods.items()
-                    if label in recorded["methods"] and recorded["methods"][label] != json.loads(json.dumps(record))]
+                    if label in recorded["methods"] and recorded["methods"][label] != as_json(record)]
         if changed:
             raise ValueError(f"{out} holds an evaluation made with other settings, so its rows would be reported as "
                              f"this run's: {'; '.join(changed)}. Use another out directory, or overwrite=True "
@@ -146,7 +151,7 @@ def check_resume(out: Path, run: dict, methods: dict) -> None:
     elif (out / "episodes.jsonl").exists():
         raise ValueError(f"{out / 'episodes.jsonl'} has no run.json beside it (made by an older version), so what "
                          "made its rows is unknown: use another out directory, or overwrite=True (--overwrite)")
-    atomic_write_text(path, json.dumps({"run": run, "methods": methods}, indent=1) + "\n")
+    atomic_write_text(path, json.dumps(as_json({"run": run, "methods": methods}), indent=1) + "\n")
 
 
 def check_rows_match_pairs(rows: list[dict], pairs: list, log: Path) -> None:
