@@ -259,6 +259,11 @@ class ResidualCache:
         state = self._states._state_cache.get(branch)
         return None if state is None or state.head is None else state.head[1].float() - state.head[0].float()
 
+    def residual(self, branch: str) -> torch.Tensor | None:
+        """The residual (blocks' output - input) a reuse at `branch` adds, from its latest computed call, else None."""
+        state = self._states._state_cache.get(branch)
+        return None if state is None else state.residual
+
     def model_output(self, branch: str) -> torch.Tensor | None:
         """The transformer's output at `branch`'s latest computed call (needs `keep_output`), else None."""
         state = self._states._state_cache.get(branch)

@@ -90,6 +90,7 @@ class StepwiseDenoiser:
         self._sigmas = self.scheduler.sigmas.tolist()  # read every step; a tensor index + float() cost ~20 us in an episode
         self.expert_of_step = wan_structure.expert_of_steps(pipe, self.timesteps)
         self._latents: torch.Tensor | None = None
+        self._cond = self._uncond = None  # the video's text embeddings (`start`)
         self._input = self._input_of = None  # model_input's tensor and the latents it was made from
         self.last_velocity: torch.Tensor | None = None  # guided model output of the latest step
         self._index = self.num_steps
@@ -97,6 +98,11 @@ class StepwiseDenoiser:
         self.run_id = 0  # counts start() calls: what is read once per video (signals' time modulation) keys on it
 
     # ----------------------------------------------------------------- structure
+    @property
+    def prompt_embeds(self) -> torch.Tensor | None:
+        """The conditional branch's text embeddings of the current video (None before `start`)."""
+        return self._cond
+
     @property
     def num_steps(self) -> int:
         return len(self.timesteps)

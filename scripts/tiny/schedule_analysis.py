@@ -38,14 +38,14 @@ def probe_step_error(den: StepwiseDenoiser) -> float:
     """Relative L1 between the cached cond residual and a fresh one, at the denoiser's current step."""
     i = den.step_index
     model, cache = den.expert(i), den.cache_for(i)
-    cached = cache._states._state_cache["cond"].residual
+    cached = cache.residual("cond")
     reuse = cache.reuse
     cache.reuse = False
     with model.cache_context("probe"):
         model(hidden_states=den.latents.to(den.transformer_dtype), timestep=den.timestep(i).expand(1),
-              encoder_hidden_states=den._cond, return_dict=False)
+              encoder_hidden_states=den.prompt_embeds, return_dict=False)
     cache.reuse = reuse
-    fresh = cache._states._state_cache["probe"].residual
+    fresh = cache.residual("probe")
     return float((cached - fresh).abs().mean() / (fresh.abs().mean() + 1e-12))
 
 

@@ -129,7 +129,7 @@ OUTSIDE = ("scripts", "benchmarks", "examples")  # research code, tools and exam
 
 def test_code_outside_the_package_uses_only_its_public_names():
     """Experiments, tools, benchmarks and examples import the packages' public names only (no `_x`, no module
-    that does not exist), and nothing installed imports them."""
+    that does not exist), read no private attribute of another object, and nothing installed imports them."""
     misuse = []
     for folder in OUTSIDE:
         for path in (ROOT / folder).rglob("*.py"):
@@ -138,6 +138,9 @@ def test_code_outside_the_package_uses_only_its_public_names():
                     project_module(node.module)
                     misuse += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
                                for a in node.names if a.name.startswith("_")]
+                elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                      and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                    misuse.append(f"{path.relative_to(ROOT)}:{node.lineno} reads the private .{node.attr}")
     assert misuse == []
     installed = {m for name in MODULES for m, _, _ in imports_of(name)}
     local = {p.stem for folder in OUTSIDE for p in (ROOT / folder).rglob("*.py")}
