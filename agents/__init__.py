@@ -1,8 +1,8 @@
 """MORCA agents: the scheduler network, discrete IQL (offline -> online) and REINFORCE.
 
 Importing this package registers `MorcaEncoderFactory` and `DiscreteIQLConfig`
-with d3rlpy, so `agents.checkpoint.load_learnable(path)` (which also verifies the file's
-checksum) and `d3rlpy.load_learnable(path)` work after `import agents`.
+with d3rlpy, so `agents.checkpoint.load_learnable(path)` rebuilds a checkpoint
+(safetensors + JSON config, verified against its checksum) after `import agents`.
 """
 
 from morca_env.extras import require

@@ -1,26 +1,43 @@
-"""Checkpoints with a sha256 sidecar (`<file>.sha256`), verified on every load.
+"""Checkpoints that cannot run code: safetensors weights and a JSON header, with a sha256 sidecar.
 
-d3rlpy's `load_learnable` and `torch.load` read a file with a flipped byte in its
-weights without a word, and a truncated one with a bare `UnpicklingError`. Every
-checkpoint this project writes (`.d3` for d3rlpy algorithms, `.pt` for REINFORCE)
-goes through `save_learnable` / `save_torch`, and every load through
-`load_learnable` / `load_torch`, which refuse a file whose bytes do not match
-its checksum with an error naming the file.
+Why: d3rlpy's `.d3` is a pickle, and `torch.load(weights_only=False)` unpickles: loading either runs whatever
+code the file's author put in it, and a checksum proves a file intact, not safe (whoever shares a checkpoint
+shares its sidecar). Every checkpoint this project writes is one `.safetensors` file: the tensors by name, and
+in its header (strings only, parsed as JSON) the format version, the scheduler that reads it, the algorithm's
+config, the observation layout it was trained on, its training arguments and a digest of its tensors. Every
+load first checks the sidecar `<file>.sha256` and refuses a mismatch naming the file.
+
+Legacy pickles load only with `trusted=True` (or once through `morca convert-checkpoint`), and the refusal
+says why; a legacy REINFORCE `.pt` loads with torch's `weights_only=True`, which unpickles no code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
 from morca_env.io import atomic_path, atomic_write_text
+from morca_env.observation import LAYOUT
 
 SUFFIX = ".sha256"
+FORMAT = "morca-checkpoint"
+FORMAT_VERSION = 1
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing its checksum, does not match it, or cannot be read."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A pickle-based checkpoint loaded without `trusted=True`: unpickling it could run code."""
 
 
 def checksum_path(path: str | Path) -> Path:
@@ -50,11 +67,11 @@ def write_checksum(path: str | Path, source: str | Path | None = None) -> Path:
 def verify(path: str | Path) -> Path:
     """Raise `CheckpointError` (naming the file) unless `path` matches its recorded sha256."""
     if path is None or not isinstance(path, (str, Path)):
-        raise TypeError(f"checkpoint path={path!r}: give the path of a checkpoint file (.d3 or .pt)")
+        raise TypeError(f"checkpoint path={path!r}: give the path of a checkpoint file (.safetensors)")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file: give a file in it, e.g. "
-                                f"{path / 'final.d3'}")
+                                f"{path / 'final.safetensors'}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     side = checksum_path(path)
@@ -72,43 +89,213 @@ def verify(path: str | Path) -> Path:
     return path
 
 
-def save_learnable(algo, path: str | Path) -> Path:
-    """`algo.save(path)` written atomically, with its checksum."""
+# ----------------------------------------------------------------- the safe format
+def is_safe_format(path: str | Path) -> bool:
+    """True when `path` starts as a safetensors file does (an 8-byte header length, then a JSON object)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < Path(path).stat().st_size
+
+
+def _encode(value, key: str, tensors: dict):
+    """A nested state (dicts, lists, tuples, tensors, arrays, numbers, strings) as JSON with tagged tensors."""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
+        return {"tensor": key}
+    if isinstance(value, np.ndarray):
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(value).copy())
+        return {"ndarray": key}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {"dict": {k: _encode(v, f"{key}/{k}", tensors) for k, v in value.items()}}
+        return {"items": [[_encode(k, f"{key}/key{i}", tensors), _encode(v, f"{key}/{k}", tensors)]
+                          for i, (k, v) in enumerate(value.items())]}
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v, f"{key}/{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{key}/{i}", tensors) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise CheckpointError(f"state entry {key!r} is a {type(value).__name__}, which a safe checkpoint cannot hold "
+                          "(tensors, arrays, numbers, strings, lists, tuples and dicts only)")
+
+
+def _decode(value, tensors: dict):
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    (tag, inner), = value.items()
+    if tag == "tensor":
+        return tensors[inner]
+    if tag == "ndarray":
+        return tensors[inner].numpy()
+    if tag == "dict":
+        return {k: _decode(v, tensors) for k, v in inner.items()}
+    if tag == "items":
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in inner}
+    if tag == "tuple":
+        return tuple(_decode(v, tensors) for v in inner)
+    raise ValueError(f"unknown entry tag {tag!r}")
+
+
+def tensors_sha256(tensors: dict) -> str:
+    """A digest of named tensors (names, dtypes, shapes, bytes): recorded in the header, checked on load."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SafeCheckpoint:
+    """What a safe checkpoint holds: its state (tensors in place) and its header's records."""
+
+    state: Any
+    scheduler: str
+    config: Any
+    training: Any
+
+
+def save_state(state, path: str | Path, scheduler: str, config=None, training=None) -> Path:
+    """Write `state` (nested dicts/lists of tensors and plain values) as a safe checkpoint, atomically, with its
+    checksum; `scheduler` names the registered scheduler that reads it, `config` and `training` are JSON."""
     path = Path(path)
+    tensors: dict = {}
+    structure = _encode(state, "state", tensors)
+    header = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "scheduler": scheduler,
+              "observation_layout": LAYOUT, "state": json.dumps(structure), "config": json.dumps(config),
+              "training": json.dumps(training, default=str), "tensors_sha256": tensors_sha256(tensors)}
     with atomic_path(path) as tmp:
-        algo.save(str(tmp))
+        save_file(tensors, str(tmp), metadata=header)
         write_checksum(path, tmp)
     return path
 
 
-def load_learnable(path: str | Path, device: Any = None):
-    """`d3rlpy.load_learnable` after verifying the checksum (import `agents` registers our classes)."""
+def read_header(path: str | Path) -> dict:
+    """The string header of a safe checkpoint (no tensors read); an error naming the file if it is not one."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {path} is not a readable safetensors file: {error}") from error
+    if header.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is a safetensors file but not a MORCA checkpoint (its header has "
+                              f"format={header.get('format')!r}, expected {FORMAT!r})")
+    if header.get("format_version") != str(FORMAT_VERSION):
+        raise CheckpointError(f"checkpoint {path} has format version {header.get('format_version')!r}; this "
+                              f"version of morca-gym reads version {FORMAT_VERSION}")
+    return header
+
+
+def load_state(path: str | Path) -> SafeCheckpoint:
+    """Read a safe checkpoint after verifying its checksum, its tensors' digest and its observation layout."""
+    verify(path)
+    if not is_safe_format(path):
+        raise untrusted_error(path)
+    header = read_header(path)
+    if header.get("observation_layout") != LAYOUT:
+        raise CheckpointError(f"checkpoint {path} was trained on the observation layout "
+                              f"{header.get('observation_layout')!r}, and this version observes {LAYOUT!r}: its "
+                              "network would read values in the wrong places; train it again on this version")
+    tensors = load_file(str(path), device="cpu")
+    if tensors_sha256(tensors) != header.get("tensors_sha256"):
+        raise CheckpointError(f"checkpoint {path}: its tensors do not match the digest in its own header "
+                              "(the file was changed after it was written)")
+    try:
+        return SafeCheckpoint(_decode(json.loads(header["state"]), tensors), header["scheduler"],
+                              json.loads(header["config"]), json.loads(header["training"]))
+    except (KeyError, ValueError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {path} has a malformed header: {type(error).__name__}: {error}") from error
+
+
+def untrusted_error(path) -> UntrustedCheckpointError:
+    return UntrustedCheckpointError(
+        f"checkpoint {path} is a pickle (d3rlpy .d3 or torch .pt), and unpickling runs any code its author put in "
+        "it; a checksum proves it intact, not safe. If you trust its source, convert it once to the safe format "
+        f"(`morca convert-checkpoint {path}`) or load it with trusted=True")
+
+
+# ----------------------------------------------------------------- d3rlpy algorithms
+def _modules(algo) -> dict:
+    impl = algo.impl
+    if impl is None:
+        raise ValueError(f"{type(algo).__name__} has no networks yet: fit it (or build it with a dataset) first")
+    return impl.modules.create_checkpointer(str(impl.device)).modules
+
+
+def save_learnable(algo, path: str | Path, training=None) -> Path:
+    """A fitted d3rlpy algorithm (networks and optimizers) as a safe checkpoint read by the scheduler "morca"."""
+    from d3rlpy.base import LearnableConfigWithShape
+
+    state = {name: module.state_dict() for name, module in _modules(algo).items()}
+    config = LearnableConfigWithShape(observation_shape=algo.impl.observation_shape,
+                                      action_size=algo.impl.action_size, config=algo.config)
+    return save_state(state, path, "morca", json.loads(config.serialize()), training)
+
+
+def load_learnable(path: str | Path, device: Any = None, trusted: bool = False):
+    """A d3rlpy algorithm from a safe checkpoint; a legacy `.d3` pickle only with `trusted=True`.
+
+    Import `agents` first: it registers our algorithm and encoder with d3rlpy."""
     import d3rlpy
+    from d3rlpy.base import LearnableConfigWithShape
 
     verify(path)
+    if not is_safe_format(path):
+        if not trusted:
+            raise untrusted_error(path)
+        try:
+            return d3rlpy.load_learnable(str(path), device=device)
+        except Exception as error:
+            raise CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {error}") from error
+    checkpoint = load_state(path)
+    if checkpoint.scheduler != "morca":
+        raise CheckpointError(f"checkpoint {path} holds a {checkpoint.scheduler!r} scheduler, not a d3rlpy "
+                              f"algorithm: load it with morca_env.policies.make({checkpoint.scheduler!r}, path=...)")
     try:
-        return d3rlpy.load_learnable(str(path), device=device)
+        algo = LearnableConfigWithShape.deserialize(json.dumps(checkpoint.config)).create(device)
+        for name, module in _modules(algo).items():
+            module.load_state_dict(checkpoint.state[name])
     except Exception as error:
-        raise CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {error}") from error
+        raise CheckpointError(f"checkpoint {path} could not be rebuilt: {type(error).__name__}: {error}") from error
+    return algo
 
 
-def save_torch(state: dict, path: str | Path) -> Path:
-    """`torch.save(state, path)` written atomically, with its checksum."""
-    import torch
+# ----------------------------------------------------------------- torch state dicts (REINFORCE)
+def load_torch_state(path: str | Path, trusted: bool = False):
+    """The state of a torch checkpoint: a safe checkpoint, or a legacy `.pt` (weights only unless `trusted`)."""
+    verify(path)
+    if is_safe_format(path):
+        return load_state(path).state
+    try:
+        return torch.load(path, weights_only=not trusted)
+    except Exception as error:
+        hint = "" if trusted else " (read with weights_only=True; if you trust its source, pass trusted=True)"
+        raise CheckpointError(f"checkpoint {path} could not be loaded{hint}: {type(error).__name__}: {error}") from error
 
+
+def convert(path: str | Path, out: str | Path | None = None) -> Path:
+    """A trusted legacy checkpoint (`.d3` or REINFORCE `.pt`) rewritten in the safe format (default: beside it,
+    as `<name>.safetensors`). Unpickles `path`: run it only on files whose source you trust."""
     path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-        write_checksum(path, tmp)
-    return path
-
-
-def load_torch(path: str | Path) -> dict:
-    """`torch.load` of a checkpoint we wrote, after verifying its checksum."""
-    import torch
-
+    out = Path(out) if out is not None else path.with_suffix(".safetensors")
     verify(path)
-    try:
-        return torch.load(path, weights_only=False)
-    except Exception as error:
-        raise CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {error}") from error
+    if is_safe_format(path):
+        raise CheckpointError(f"checkpoint {path} is already in the safe format")
+    if out.resolve() == path.resolve():
+        raise CheckpointError(f"--out {out} is the checkpoint itself: give another path")
+    with open(path, "rb") as f:
+        is_zip = f.read(2) == b"PK"  # torch.save writes a zip; d3rlpy's save a bare pickle
+    if not is_zip:
+        from . import iql  # noqa: F401  (registers our algorithm and encoder with d3rlpy)
+
+        return save_learnable(load_learnable(path, trusted=True), out, training={"converted_from": path.name})
+    state = load_torch_state(path, trusted=True)
+    if not isinstance(state, dict) or "network" not in state:
+        raise CheckpointError(f"checkpoint {path} is a torch file but not a REINFORCE checkpoint (no 'network')")
+    return save_state(state, out, "reinforce", state.get("config"), {"converted_from": path.name})

@@ -3,8 +3,8 @@
     trainer = OfflineTrainer(buffer, OfflineConfig(epochs=20), "runs/offline")
     algo = trainer.run(resume=True)       # continues after the last finished epoch
 
-Every epoch is checkpointed (`<run_dir>/checkpoints/NNNN.d3` with `latest.json`),
-logged to TensorBoard (`<run_dir>/tb`), and the end writes `<run_dir>/final.d3`.
+Every epoch is checkpointed (`<run_dir>/checkpoints/NNNN.safetensors` with `latest.json`),
+logged to TensorBoard (`<run_dir>/tb`), and the end writes `<run_dir>/final.safetensors`.
 An epoch is one pass over the buffer's transitions in batches (or `max_steps_per_epoch` updates).
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-from .checkpoint import load_learnable, save_learnable
+from .checkpoint import load_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory
 from .training import CheckpointDir, batch_source, run_updates, steps_per_epoch
@@ -63,7 +63,7 @@ class OfflineTrainer:
 
     def __init__(self, buffer, config: OfflineConfig = OfflineConfig(), run_dir: str | Path = "runs/offline"):
         self.buffer, self.config, self.run_dir = buffer, config, Path(run_dir)
-        self.checkpoints = CheckpointDir(self.run_dir)
+        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "offline", **asdict(config)})
         self.algo = config.create()
         self.algo.build_with_dataset(buffer)
         self.start = 0
@@ -98,7 +98,6 @@ class OfflineTrainer:
                          epoch_steps * config.batch_size / seconds, epoch_steps / seconds)
         finally:
             writer.close()
-        final = self.run_dir / "final.d3"
-        save_learnable(self.algo, final)
+        final = self.checkpoints.save_final(self.algo)
         log.info("saved %s", final)
         return self.algo

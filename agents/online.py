@@ -24,7 +24,7 @@ from tqdm import tqdm
 from morca_env.io import atomic_path, atomic_write_text
 from morca_env.rollout import rollout as play
 
-from .checkpoint import load_learnable, save_learnable
+from .checkpoint import load_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
 from .policy import MorcaPolicy
@@ -97,7 +97,7 @@ class OnlineTrainer:
             self.algo.copy_weights_from(offline_algo)
         self.offline_episodes = [tuple_episode(e) for e in offline_buffer.episodes] if offline_buffer is not None else []
         self.online_episodes = []
-        self.checkpoints = CheckpointDir(self.run_dir)
+        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "online", **dataclasses.asdict(config)})
         self.start_round = 0
         self.history: list[dict] = []
         self._resume()
@@ -183,7 +183,6 @@ class OnlineTrainer:
                          buffer.transition_count, record["seconds"])
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")
-        final = self.run_dir / "final.d3"
-        save_learnable(self.algo, final)
+        self.checkpoints.save_final(self.algo)
         return self.history
 

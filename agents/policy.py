@@ -57,11 +57,13 @@ class MorcaPolicy:
                              "network (impl.policy); use pace=0")
 
     @classmethod
-    def load(cls, path, device: str = "cpu", deterministic: bool = True, pace: float = 0.0) -> "MorcaPolicy":
+    def load(cls, path, device: str = "cpu", deterministic: bool = True, pace: float = 0.0,
+             trusted: bool = False) -> "MorcaPolicy":
+        """A safe checkpoint (`.safetensors`); a legacy d3rlpy `.d3` pickle only with `trusted=True`."""
         from . import iql  # noqa: F401  (registers our config and encoder with d3rlpy)
         from .checkpoint import load_learnable
 
-        return cls(load_learnable(path, device=device), deterministic, pace)
+        return cls(load_learnable(path, device=device, trusted=trusted), deterministic, pace)
 
     def reset(self, obs, info) -> None:
         # latent features of a noisy latent are never all zero: zeros mean MorcaEnv(latent_features=False)
@@ -144,8 +146,8 @@ class MorcaEnsemble:
         self.reads_latents = any(m.reads_latents for m in members)
 
     @classmethod
-    def load(cls, paths, device: str = "cpu", deterministic: bool = True) -> "MorcaEnsemble":
-        return cls([MorcaPolicy.load(p, device=device) for p in paths], deterministic)
+    def load(cls, paths, device: str = "cpu", deterministic: bool = True, trusted: bool = False) -> "MorcaEnsemble":
+        return cls([MorcaPolicy.load(p, device=device, trusted=trusted) for p in paths], deterministic)
 
     def reset(self, obs, info) -> None:
         for member in self.members:
@@ -160,9 +162,10 @@ class MorcaEnsemble:
         return pick(log_probs.mean(dim=0), self.deterministic)
 
 
-@register("morca", learned=True, checkpoint_suffixes=(".d3",))
+@register("morca", learned=True, checkpoint_suffixes=(".safetensors", ".d3"))
 def load_morca(path=None, **options):
-    """The registry's "morca": a d3rlpy checkpoint (`MorcaPolicy`) or several, comma-separated (`MorcaEnsemble`)."""
+    """The registry's "morca": a d3rlpy checkpoint (`MorcaPolicy`) or several, comma-separated (`MorcaEnsemble`);
+    `trusted=True` admits legacy `.d3` pickles."""
     if path is None:
         raise ValueError("scheduler 'morca' needs a checkpoint: make('morca', path=...)")
     paths = checkpoint_paths(path)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from morca_env.io import atomic_write_text
 
-from .checkpoint import load_torch, save_torch
+from .checkpoint import load_torch_state, save_state
 
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
@@ -65,8 +65,9 @@ class ReinforcePolicy:
         return int(torch.multinomial(F.softmax(logits, dim=0), 1, generator=self.generator))
 
     @classmethod
-    def load(cls, path, deterministic: bool = True) -> "ReinforcePolicy":  # pragma: no mutate block (I/O, not learning)
-        state = load_torch(path)
+    def load(cls, path, deterministic: bool = True, trusted: bool = False) -> "ReinforcePolicy":  # pragma: no mutate block (I/O, not learning)
+        """A safe checkpoint (`.safetensors`), or a legacy `.pt` (its weights only, unless `trusted=True`)."""
+        state = load_torch_state(path, trusted)
         network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
         network.load_state_dict(state["network"])
         return cls(network.eval(), deterministic)
@@ -91,12 +92,12 @@ class Reinforce:
 
     @property
     def checkpoint_path(self) -> Path:  # pragma: no mutate block (I/O, not learning)
-        return self.run_dir / "reinforce.pt"
+        return self.run_dir / "reinforce.safetensors"
 
     def _resume(self) -> None:  # pragma: no mutate block (I/O, not learning)
         if not self.checkpoint_path.exists():
             return
-        state = load_torch(self.checkpoint_path)
+        state = load_torch_state(self.checkpoint_path)
         self.network.load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.baseline, self.episodes_done, self.history = state["baseline"], state["episodes_done"], state["history"]
@@ -109,7 +110,7 @@ class Reinforce:
         state = {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "baseline": self.baseline, "episodes_done": self.episodes_done, "history": self.history,
                  "channels": self.channels, "config": asdict(self.config)}
-        return save_torch(state, path)
+        return save_state(state, path, "reinforce", asdict(self.config), {"trainer": "reinforce"})
 
     def policy(self, deterministic: bool = True) -> ReinforcePolicy:
         return ReinforcePolicy(self.network, deterministic)
@@ -170,9 +171,9 @@ class Reinforce:
         return self.history
 
 
-@register("reinforce", learned=True, checkpoint_suffixes=(".pt",))
+@register("reinforce", learned=True, checkpoint_suffixes=(".safetensors", ".pt"))
 def load_reinforce(path=None, **options) -> ReinforcePolicy:
-    """The registry's "reinforce": a REINFORCE checkpoint (`.pt`)."""
+    """The registry's "reinforce": a REINFORCE checkpoint (`.safetensors`, or a legacy `.pt`)."""
     if path is None:
         raise ValueError("scheduler 'reinforce' needs a checkpoint: make('reinforce', path=...)")
     return ReinforcePolicy.load(path, **options)

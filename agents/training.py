@@ -77,15 +77,17 @@ def steps_per_epoch(buffer: ReplayBuffer, batch_size: int, cap: int | None = Non
 
 
 class CheckpointDir:
-    """`<dir>/checkpoints/<name>.d3` written atomically with its checksum, and `latest.json` naming the last complete one."""
+    """`<dir>/checkpoints/NNNN.safetensors` written atomically with its checksum, and `latest.json` naming the
+    last complete one; `training` (the run's arguments) goes into every checkpoint's header."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, training: dict | None = None):
         self.directory = Path(directory)
+        self.training = training
         (self.directory / "checkpoints").mkdir(parents=True, exist_ok=True)
 
     def save(self, algo, index: int, state: dict | None = None) -> Path:
-        path = self.directory / "checkpoints" / f"{index:04d}.d3"
-        save_learnable(algo, path)
+        path = self.directory / "checkpoints" / f"{index:04d}.safetensors"
+        save_learnable(algo, path, self.training)
         atomic_write_text(self.directory / "latest.json", json.dumps({"index": index, "path": str(path.name),
                                                                       **(state or {})}) + "\n")
         return path
@@ -96,3 +98,10 @@ class CheckpointDir:
             return None
         state = json.loads(marker.read_text())
         return self.directory / "checkpoints" / state["path"], state
+
+    def save_final(self, algo) -> Path:
+        """`<dir>/final.safetensors`: what a run leaves for `MorcaPolicy.load` and `morca evaluate`."""
+        return save_learnable(algo, self.directory / FINAL, self.training)
+
+
+FINAL = "final.safetensors"

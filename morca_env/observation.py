@@ -43,6 +43,9 @@ class Scalar(IntEnum):
 
 SCALAR_NAMES = tuple(s.name for s in Scalar)
 NUM_SCALARS = len(Scalar)
+# What a trained scheduler's inputs mean, recorded in every checkpoint (agents.checkpoint): a network trained on
+# one layout reads another's values in the wrong places without an error, so a checkpoint of another is refused.
+LAYOUT = f"tuple={','.join(OBS_KEYS)};flat={','.join(FLAT_KEYS)};scalars={','.join(SCALAR_NAMES)}"
 TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
 
 

@@ -1,6 +1,6 @@
 """Online fine-tuning of an offline IQL scheduler (MORCA Algorithm 1(b); defaults from Table 6).
 
-    morca finetune --offline runs/offline/final.d3 --dataset morca/tiny/random-v0
+    morca finetune --offline runs/offline/final.safetensors --dataset morca/tiny/random-v0
     morca finetune --from-scratch --run-dir runs/online_scratch      # Table 4 ablation
     morca finetune ... --rounds 4 --trajectories 20 --max-steps-per-epoch 50   # CPU-sized
     morca finetune ... --resume
@@ -23,8 +23,9 @@ import gymnasium as gym
 import minari
 
 import morca_env  # noqa: F401
-from agents.checkpoint import load_learnable
+from agents.checkpoint import CheckpointError, load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
+from agents.training import FINAL
 from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, record_run_arguments,
                            refuse_to_overwrite,
                            show_library_messages, training_env_kwargs)
@@ -34,7 +35,7 @@ from morca_env.threads import configure_threads
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca finetune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--offline", type=Path, help="offline IQL checkpoint (.d3)")
+    p.add_argument("--offline", type=Path, help="offline IQL checkpoint (.safetensors)")
     p.add_argument("--dataset", help="Minari dataset kept in the replay buffer (the offline data)")
     p.add_argument("--n-step", type=positive_int, default=1,
                    help="return horizon of the Q targets: 1 = one-step TD (the paper); 50 = Monte-Carlo returns, "
@@ -64,12 +65,15 @@ def main(argv=None) -> int:
     show_library_messages()
     args = parse_args(argv)
     if not args.from_scratch and args.offline is None:
-        raise SystemExit("pass --offline <checkpoint.d3> (and --dataset), or --from-scratch")
+        raise SystemExit("pass --offline <checkpoint.safetensors> (and --dataset), or --from-scratch")
     configure_threads(args.threads)
     d3rlpy.seed(args.seed)
     refuse_to_overwrite(args.run_dir, "latest.json", args.resume)
     env = gym.make(args.env, **training_env_kwargs(args))
-    offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
+    try:
+        offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
+    except (CheckpointError, OSError) as error:
+        raise SystemExit(f"--offline: {error}") from None
     buffer = None
     if args.dataset and not args.from_scratch:
         dataset = minari.load_dataset(args.dataset)
@@ -85,7 +89,7 @@ def main(argv=None) -> int:
     trainer = OnlineTrainer(env, config, args.run_dir, offline_algo=offline, offline_buffer=buffer,
                             device=args.device)
     history = trainer.run()
-    print(f"saved {args.run_dir / 'final.d3'}; rollout PSNR by round: "
+    print(f"saved {args.run_dir / FINAL}; rollout PSNR by round: "
           + ", ".join(f"{h['rollout_psnr']:.2f}" for h in history))
     return 0
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                     "--run-dir", str(offline), *cap(sizes["max_steps_per_epoch"]), *resume_flag(offline)]
     run("2/4 offline IQL", offline_args, env)
     online = out / "online"
-    online_args = ["finetune", "--offline", str(offline / "final.d3"), "--dataset", dataset,
+    online_args = ["finetune", "--offline", str(offline / "final.safetensors"), "--dataset", dataset,
                    "--n-step", str(sizes["n_step"]),
                    "--rounds", str(sizes["rounds"]), "--trajectories", str(sizes["trajectories"]),
                    "--warmup-epochs", str(sizes["warmup_epochs"]), "--joint-epochs", str(sizes["joint_epochs"]),
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
                          "--calibrate", str(sizes["calibration_rounds"]), "--timing-repeats", str(sizes["timing_repeats"]),
                          "--feedback", "--no-matched", *lean_env(sizes["features"]),
                          "--targets", *map(str, args.targets), "--methods", "uniform", "best-fixed", "seacache-global",
-                         f"morca-offline={offline / 'final.d3'}", f"morca-online={online / 'final.d3'}"], env)
+                         f"morca-offline={offline / 'final.safetensors'}", f"morca-online={online / 'final.safetensors'}"], env)
     print(f"\nquickstart finished in {(time.perf_counter() - t0) / 60:.1f} min. Results:")
     for name in ("table.md", "pareto.png", "schedules.png", "video_000.gif"):
         print(f"  {out / 'eval' / name}")

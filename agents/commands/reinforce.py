@@ -4,7 +4,7 @@
     morca reinforce ... --resume
 
 Same policy network as MORCA, masked, on-policy; checkpoints after every update
-(`<run-dir>/reinforce.pt`); load with `agents.reinforce.ReinforcePolicy.load(path)`.
+(`<run-dir>/reinforce.safetensors`); load with `agents.reinforce.ReinforcePolicy.load(path)`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     add_run_arguments(p, "runs/reinforce", device=False)
     args = p.parse_args(argv)
     configure_threads(args.threads)
-    refuse_to_overwrite(args.run_dir, "reinforce.pt", args.resume)
+    refuse_to_overwrite(args.run_dir, "reinforce.safetensors", args.resume)
     env = gym.make(args.env, **training_env_kwargs(args))
     config = ReinforceConfig(learning_rate=args.lr, episodes_per_update=args.episodes_per_update,
                              total_episodes=args.episodes, features=args.features,

@@ -4,8 +4,8 @@
     morca train --dataset morca/tiny/random-v0 --epochs 20 --max-steps-per-epoch 100
     morca train ... --resume            # continue after the last finished epoch
 
-Writes `<run-dir>/checkpoints/NNNN.d3` every epoch (with `latest.json`),
-TensorBoard logs in `<run-dir>/tb`, and `<run-dir>/final.d3`. Load with
+Writes `<run-dir>/checkpoints/NNNN.safetensors` every epoch (with `latest.json`),
+TensorBoard logs in `<run-dir>/tb`, and `<run-dir>/final.safetensors`. Load with
 `agents.checkpoint.load_learnable(path)` (verifies the file's sha256 sidecar), or
 `agents.MorcaPolicy.load(path)`.
 """

@@ -1,7 +1,8 @@
 """Evaluate cache schedulers against the no-cache reference: the paper's Table 2, Pareto and schedule plots, videos.
 
     morca evaluate --methods uniform seacache-global seacache-exact random \
-        morca-offline=runs/offline/final.d3 morca-online=runs/online/final.d3 reinforce=runs/reinforce/reinforce.pt
+        morca-offline=runs/offline/final.safetensors morca-online=runs/online/final.safetensors \
+        reinforce=runs/reinforce/reinforce.safetensors
     morca evaluate ... --prompts 50 --targets 2 2.5 3 --out runs/eval        # resumable
 
 Methods: `uniform` (uniform interval), `random` (random feasible), `behaviour`
@@ -13,7 +14,7 @@ tuned on training prompts as the paper tunes it; its K varies per video),
 `scripts/fit_fixed_schedule.py`), `searched=<dir>` (the per-prompt oracle:
 schedules found by `scripts/search_schedules.py`, same K as the others only
 without --calibrate), any other name of `morca_env.schedulers.names()`,
-`morca-*=<.d3>` (IQL schedulers), `reinforce=<.pt>`, and `<label>='{"name": <scheduler>, <option>: ...}'`
+`morca-*=<.safetensors>` (IQL or REINFORCE schedulers: the checkpoint names which), and `<label>='{"name": <scheduler>, <option>: ...}'`
 (a scheduler with options under its own label, e.g. `acid-tea='{"name": "acid-exact", "rule": "teacache"}'`). Every episode appends a
 line to `<out>/episodes.jsonl`; a rerun skips what is there (only for the same run: `run.json` records the env, suite and every
 method with its checkpoints' sha256, and a changed one is refused; `--overwrite` starts afresh). Writes

@@ -152,8 +152,8 @@ def parse_method(label: str, spec: str | None = None) -> dict:
 
     `uniform` names a scheduler; `best-fixed=<file>` gives it `path=`; `<label>={"name": <registered name>, ...}`
     makes a scheduler with options under its own label (e.g. `acid-tea={"name": "acid-exact", "rule": "teacache"}`);
-    `<label>=<checkpoint>` loads the learned scheduler whose checkpoint suffix matches (`.d3`: MORCA, `.pt`:
-    REINFORCE)."""
+    `<label>=<checkpoint>` loads the learned scheduler whose checkpoint suffix matches, and of several (a
+    `.safetensors` file), the one the checkpoint's header names (MORCA, REINFORCE)."""
     if spec is not None and spec.lstrip().startswith("{"):
         try:
             options = json.loads(spec)
@@ -173,8 +173,22 @@ def parse_method(label: str, spec: str | None = None) -> dict:
     suffix = Path(checkpoint_paths(spec)[0]).suffix
     learned = [_ENTRIES[n] for n in names(learned=True)]
     matches = [e for e in learned if suffix in e.checkpoint_suffixes]
+    if len(matches) > 1:
+        named = header_scheduler(checkpoint_paths(spec)[0])
+        matches = [e for e in matches if e.name == named] or matches
     if not matches:
         known = ", ".join(f"{s} ({e.name})" for e in learned for s in e.checkpoint_suffixes) or "none registered"
         raise ValueError(f"method {label}={spec}: no learned scheduler reads {suffix or 'a file without suffix'!r} "
                          f"checkpoints; known: {known}")
     return {"name": matches[0].name, "path": spec}
+
+
+def header_scheduler(path) -> str | None:
+    """The scheduler a safetensors checkpoint's header names (agents.checkpoint writes it), if it can be read."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("scheduler")
+    except Exception:  # a missing or foreign file: the scheduler's own load names the problem
+        return None

@@ -50,12 +50,12 @@ def main(argv=None) -> int:
     for name in args.variants:
         run_dir = out / name
         cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
-        if not (run_dir / "final.d3").exists():
+        if not (run_dir / "final.safetensors").exists():
             run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
                 ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.epochs),
                  "--features", VARIANTS[name], "--n-step", str(args.n_step), "--seed", str(args.seed), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
-        methods.append(f"morca-{name}={run_dir / 'final.d3'}")
+        methods.append(f"morca-{name}={run_dir / 'final.safetensors'}")
     run("evaluate", ["scripts/evaluate.py", *(["--suite", args.suite] if args.suite else []),
                      "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),

@@ -53,18 +53,18 @@ def main(argv=None) -> int:
     online_common = ["--trajectories", str(args.trajectories), "--warmup-epochs", str(args.warmup_epochs),
                      "--joint-epochs", str(args.joint_epochs), "--n-step", str(args.n_step), *cap]
     offline = out / "offline"
-    if not (offline / "final.d3").exists():
+    if not (offline / "final.safetensors").exists():
         run("offline IQL", ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
                             *subset, "--features", args.features, "--n-step", str(args.n_step),
                             "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
     o2o = out / "offline_to_online"
-    if not (o2o / "final.d3").exists():
-        run("offline-to-online IQL", ["scripts/finetune_online.py", "--offline", str(offline / "final.d3"),
+    if not (o2o / "final.safetensors").exists():
+        run("offline-to-online IQL", ["scripts/finetune_online.py", "--offline", str(offline / "final.safetensors"),
                                       "--dataset", args.dataset, *subset, "--rounds", str(args.rounds), *online_common,
                                       "--run-dir", str(o2o), *resume_flag(o2o)], env)
     scratch = out / "online_scratch"
     scratch_rounds = max(1, round(total / args.trajectories))
-    if not (scratch / "final.d3").exists():
+    if not (scratch / "final.safetensors").exists():
         run("online IQL from scratch", ["scripts/finetune_online.py", "--from-scratch", "--features", args.features,
                                         "--rounds", str(scratch_rounds), *online_common, "--run-dir", str(scratch),
                                         *resume_flag(scratch)], env)
@@ -72,15 +72,15 @@ def main(argv=None) -> int:
     if not (reinforce / "history.json").exists():
         run("REINFORCE", ["scripts/train_reinforce.py", "--episodes", str(total), "--features", args.features,
                           "--run-dir", str(reinforce),
-                          *(["--resume"] if (reinforce / "reinforce.pt").exists() else [])], env)
+                          *(["--resume"] if (reinforce / "reinforce.safetensors").exists() else [])], env)
     (out / "budgets.json").write_text(json.dumps({"offline": offline_size, "offline_to_online": total,
                                                   "online_scratch": scratch_rounds * args.trajectories,
                                                   "reinforce": total}, indent=1))
     run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--skip-prompts", str(args.skip_prompts),
                      "--same-k", "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", "--methods", "random", "behaviour", "seacache-global",
-                     f"reinforce={reinforce / 'reinforce.pt'}", f"morca-scratch={scratch / 'final.d3'}",
-                     f"morca-offline={offline / 'final.d3'}", f"morca-online={o2o / 'final.d3'}"], env)
+                     f"reinforce={reinforce / 'reinforce.safetensors'}", f"morca-scratch={scratch / 'final.safetensors'}",
+                     f"morca-offline={offline / 'final.safetensors'}", f"morca-online={o2o / 'final.safetensors'}"], env)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The adaptive-headroom measurement on MorcaTiny (docs/results/headroom_tiny.md), step by step.
 
-    python scripts/experiments/headroom.py --morca morca-offline=runs/quickstart/offline/final.d3 \\
-                               --morca morca-online=runs/quickstart/online/final.d3
+    python scripts/experiments/headroom.py --morca morca-offline=runs/quickstart/offline/final.safetensors \\
+                               --morca morca-online=runs/quickstart/online/final.safetensors
 
 1. scripts/fit_fixed_schedule.py  the best fixed schedule per K on 12 tiny-train prompts (skipped when
                                   --fixed names a fitted file; the packaged one by default)

@@ -114,15 +114,18 @@ def test_predictions_respect_the_mask_and_fit_runs():
 
 
 def test_save_load_round_trip_in_a_fresh_process(tmp_path):
+    """A fresh process rebuilds the algorithm from the safe checkpoint's JSON config alone (import agents
+    registers our config and encoder with d3rlpy) and acts as the saved one did."""
+    from agents.checkpoint import save_learnable
+
     buffer = synthetic_buffer()
     algo = DiscreteIQLConfig(batch_size=16, weight_temp=1.25).create(device="cpu")
     algo.fit(buffer, n_steps=5, n_steps_per_epoch=5, show_progress=False, save_interval=10**6, logger_adapter=quiet())
-    path = tmp_path / "iql.d3"
-    algo.save(str(path))
+    path = save_learnable(algo, tmp_path / "iql.safetensors")
     obs = [o[:3] for o in buffer.episodes[1].observations]
     np.savez(tmp_path / "obs.npz", *obs)
     expected = algo.predict(obs)
-    code = ("import numpy as np, d3rlpy, agents; a = d3rlpy.load_learnable(%r); "
+    code = ("import numpy as np, agents; from agents.checkpoint import load_learnable; a = load_learnable(%r); "
             "f = np.load(%r); obs = [f[f'arr_{i}'] for i in range(4)]; print(type(a).__name__, a.config.weight_temp, "
             "''.join(map(str, a.predict(obs))))") % (str(path), str(tmp_path / "obs.npz"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -168,7 +171,7 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     trainer = OnlineTrainer(env, config, tmp_path / "online", progress=False)  # online IQL from scratch
     history = trainer.run()
     assert [h["round"] for h in history] == [1, 2] and history[-1]["transitions"] == 4 * 8
-    assert (tmp_path / "online" / "final.d3").exists()
+    assert (tmp_path / "online" / "final.safetensors").exists()
     resumed = OnlineTrainer(env, OnlineConfig(**{**config.__dict__, "rounds": 3}), tmp_path / "online", progress=False)
     assert resumed.start_round == 2 and len(resumed.online_episodes) == 4
     assert resumed.run()[-1]["round"] == 3
@@ -178,7 +181,7 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     before = [p.detach().clone() for p in reinforce.network.parameters()]
     assert len(reinforce.train()) == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, reinforce.network.parameters()))
-    policy = ReinforcePolicy.load(tmp_path / "reinforce" / "reinforce.pt")
+    policy = ReinforcePolicy.load(tmp_path / "reinforce" / "reinforce.safetensors")
     obs, info = env.reset(seed=0)
     done = False
     while not done:
@@ -188,9 +191,9 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     # a damaged checkpoint stops a resume with its name, never trains on from garbage
     from agents.checkpoint import CheckpointError
 
-    for path, resume in ((tmp_path / "online" / "checkpoints" / "0002.d3",
+    for path, resume in ((tmp_path / "online" / "checkpoints" / "0002.safetensors",
                           lambda: OnlineTrainer(env, config, tmp_path / "online", progress=False)),
-                         (tmp_path / "reinforce" / "reinforce.pt",
+                         (tmp_path / "reinforce" / "reinforce.safetensors",
                           lambda: Reinforce(env, ReinforceConfig(), tmp_path / "reinforce", progress=False))):
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 1
@@ -329,7 +332,7 @@ def test_ensemble_loads_from_the_registry_and_plays_an_episode(tmp_path):
     from agents.checkpoint import save_learnable
     from morca_env import schedulers
 
-    paths = [str(save_learnable(_scalar_algo(seed), tmp_path / f"s{seed}.d3")) for seed in range(2)]
+    paths = [str(save_learnable(_scalar_algo(seed), tmp_path / f"s{seed}.safetensors")) for seed in range(2)]
     assert isinstance(schedulers.make("morca", path=paths[0]), MorcaPolicy)
     ensemble = schedulers.make("morca", path=",".join(paths))
     assert isinstance(ensemble, MorcaEnsemble) and len(ensemble.members) == 2
@@ -376,14 +379,16 @@ def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tm
     d3rlpy.seed(0)
     config = OfflineConfig(epochs=2, batch_size=4, features="", max_steps_per_epoch=3)
     OfflineTrainer(synthetic_buffer(4), config, tmp_path).run()
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.d3")) == ["0000.d3", "0001.d3"]
-    after_two = load_learnable(tmp_path / "final.d3").impl.policy.state_dict()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.safetensors")) == ["0000.safetensors",
+                                                                                       "0001.safetensors"]
+    after_two = load_learnable(tmp_path / "final.safetensors").impl.policy.state_dict()
     resumed = OfflineTrainer(synthetic_buffer(4), dataclasses.replace(config, epochs=3), tmp_path)
     assert resumed.resume() == 2
     loaded = resumed.algo.impl.policy.state_dict()
     assert all(torch.equal(loaded[k], after_two[k]) for k in after_two)  # the weights of epoch 2, not fresh ones
     resumed.run()
-    assert (tmp_path / "checkpoints" / "0002.d3").exists() and not (tmp_path / "checkpoints" / "0003.d3").exists()
+    assert (tmp_path / "checkpoints" / "0002.safetensors").exists()
+    assert not (tmp_path / "checkpoints" / "0003.safetensors").exists()
     with pytest.raises(ValueError, match="epochs=0 must be a positive integer"):
         OfflineConfig(epochs=0)
 

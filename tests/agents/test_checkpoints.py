@@ -1,14 +1,25 @@
-"""Checkpoints carry a sha256 that every load verifies: a flipped byte or a truncation is refused by file name."""
+"""Checkpoints cannot run code and carry a sha256 that every load verifies.
+
+The default format is safetensors with a JSON header: it round-trips bitwise, names what reads it and what it
+was trained on, and refuses a flipped byte, a truncation, another observation layout or a tampered tensor by
+file name. Legacy pickles (d3rlpy `.d3`, torch `.pt`) load only when trusted, so a crafted one runs nothing.
+"""
+
+import json
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
-from agents.checkpoint import CheckpointError, checksum_path, load_learnable, save_learnable, save_torch
+from agents.checkpoint import (CheckpointError, UntrustedCheckpointError, checksum_path, convert, load_learnable,
+                               load_state, read_header, save_learnable, save_state, write_checksum)
+from agents.commands import convert_checkpoint
 from agents.iql import DiscreteIQLConfig
 from agents.networks import MorcaNetwork
 from agents.policy import MorcaPolicy
 from agents.reinforce import ReinforcePolicy
+from morca_env import schedulers
 from test_agents import quiet, synthetic_buffer
 
 
@@ -18,50 +29,177 @@ def flip(path, position):
     path.write_bytes(bytes(data))
 
 
-@pytest.fixture(scope="module")
-def iql_checkpoint(tmp_path_factory):
-    algo = DiscreteIQLConfig(batch_size=16).create(device="cpu")
-    algo.fit(synthetic_buffer(), n_steps=2, n_steps_per_epoch=2, show_progress=False, save_interval=10**6,
-             logger_adapter=quiet())
-    path = tmp_path_factory.mktemp("ckpt") / "iql.d3"
-    save_learnable(algo, path)
+def copy_with_checksum(source, path):
+    path.write_bytes(source.read_bytes())
+    checksum_path(path).write_text(checksum_path(source).read_text())
     return path
 
 
-def test_checkpoint_round_trips_with_its_checksum(iql_checkpoint):
-    assert checksum_path(iql_checkpoint).read_text().split()[1] == "iql.d3"
-    assert type(load_learnable(iql_checkpoint)).__name__ == "DiscreteIQL"
-    assert MorcaPolicy.load(iql_checkpoint).algo is not None
+@pytest.fixture(scope="module")
+def fitted():
+    algo = DiscreteIQLConfig(batch_size=16).create(device="cpu")
+    algo.fit(synthetic_buffer(), n_steps=3, n_steps_per_epoch=3, show_progress=False, save_interval=10**6,
+             logger_adapter=quiet())
+    return algo
+
+
+@pytest.fixture(scope="module")
+def iql_checkpoint(fitted, tmp_path_factory):
+    return save_learnable(fitted, tmp_path_factory.mktemp("ckpt") / "iql.safetensors", training={"epochs": 3})
+
+
+def observations(count=40, seed=1):
+    """Observations in the tuple form with both actions feasible, so the policy decides each one."""
+    episode = synthetic_buffer(seed=seed).episodes[0]
+    obs = [np.asarray(o[:count]).copy() for o in episode.observations]
+    rng = np.random.default_rng(seed)
+    obs[2] = rng.uniform(0, 1, obs[2].shape).astype(np.float32)
+    obs[3][:] = 1
+    return obs
+
+
+def test_the_default_checkpoint_round_trips_bitwise(fitted, iql_checkpoint):
+    loaded = load_learnable(iql_checkpoint)
+    assert type(loaded).__name__ == "DiscreteIQL" and loaded.config.batch_size == 16
+    obs = observations()
+    assert np.array_equal(loaded.predict(obs), fitted.predict(obs))
+    rows = [{"pooled": obs[0][i], "temporal": obs[1][i], "scalars": obs[2][i], "action_mask": obs[3][i]}
+            for i in range(len(obs[0]))]
+    before, after = (torch.stack([MorcaPolicy(a).logits(row) for row in rows]) for a in (fitted, loaded))
+    assert torch.equal(before, after) and len(set(before[:, 1].tolist())) == len(rows)  # bitwise, and not constant
+    for name, module in fitted.impl.modules.create_checkpointer("cpu:0").modules.items():
+        saved = module.state_dict()
+        again = loaded.impl.modules.create_checkpointer("cpu:0").modules[name].state_dict()
+        if isinstance(module, torch.nn.Module):
+            assert all(torch.equal(saved[k], again[k]) for k in saved), name
+        else:  # an optimizer: its moments and step counts too, so a resumed run continues exactly
+            assert json.dumps(saved["optim"]["param_groups"]) == json.dumps(again["optim"]["param_groups"])
+            for index, state in saved["optim"]["state"].items():
+                assert all(torch.equal(v, again["optim"]["state"][index][k]) for k, v in state.items()), name
+    assert checksum_path(iql_checkpoint).read_text().split()[1] == "iql.safetensors"
+    header = read_header(iql_checkpoint)
+    assert header["scheduler"] == "morca" and json.loads(header["training"]) == {"epochs": 3}
+    assert json.loads(header["config"])["config"]["type"] == "morca_discrete_iql"
+    policy = MorcaPolicy.load(iql_checkpoint)
+    assert [policy(row) for row in rows] == fitted.predict(obs).tolist()
+
+
+def test_nested_state_keeps_its_types(tmp_path):
+    state = {"w": torch.arange(6, dtype=torch.float16).reshape(2, 3), "opt": {0: {"step": torch.tensor(3.0)}},
+             "betas": (0.9, 0.999), "history": [{"psnr": 21.5}], "baseline": None, "arr": np.arange(3),
+             "count": np.int64(7)}
+    loaded = load_state(save_state(state, tmp_path / "s.safetensors", "reinforce", {"lr": 1e-4})).state
+    assert loaded["w"].dtype == torch.float16 and torch.equal(loaded["w"], state["w"])
+    assert list(loaded["opt"]) == [0] and torch.equal(loaded["opt"][0]["step"], torch.tensor(3.0))
+    assert loaded["betas"] == (0.9, 0.999) and loaded["history"] == [{"psnr": 21.5}] and loaded["baseline"] is None
+    assert isinstance(loaded["arr"], np.ndarray) and loaded["arr"].tolist() == [0, 1, 2] and loaded["count"] == 7
+    with pytest.raises(CheckpointError, match="state entry 'state/f' is a builtin_function_or_method"):
+        save_state({"f": len}, tmp_path / "bad.safetensors", "reinforce")
+    assert not (tmp_path / "bad.safetensors").exists()
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.75, 0.999])
-def test_a_flipped_byte_anywhere_in_a_d3_checkpoint_is_refused(iql_checkpoint, tmp_path, fraction):
-    path = tmp_path / "iql.d3"
-    path.write_bytes(iql_checkpoint.read_bytes())
-    checksum_path(path).write_text(checksum_path(iql_checkpoint).read_text())
+def test_a_flipped_byte_anywhere_in_a_checkpoint_is_refused(iql_checkpoint, tmp_path, fraction):
+    path = copy_with_checksum(iql_checkpoint, tmp_path / "iql.safetensors")
     flip(path, int(fraction * (path.stat().st_size - 1)))
     for load in (load_learnable, MorcaPolicy.load):
         with pytest.raises(CheckpointError, match=f"checkpoint {path} is damaged"):
             load(path)
 
 
+def test_a_re_signed_tampered_tensor_or_another_layout_is_refused(iql_checkpoint, tmp_path, monkeypatch):
+    path = copy_with_checksum(iql_checkpoint, tmp_path / "iql.safetensors")
+    flip(path, path.stat().st_size - 3)  # a weight's byte, then a matching sidecar: only the header's digest knows
+    write_checksum(path)
+    with pytest.raises(CheckpointError, match="do not match the digest in its own header"):
+        load_learnable(path)
+    monkeypatch.setattr("agents.checkpoint.LAYOUT", "tuple=pooled,scalars;flat=scalars;scalars=u_t,K")
+    with pytest.raises(CheckpointError, match="trained on the observation layout 'tuple=pooled,temporal"):
+        load_learnable(iql_checkpoint)
+
+
 def test_a_truncated_or_unsigned_checkpoint_is_refused_by_name(iql_checkpoint, tmp_path):
-    path = tmp_path / "iql.d3"
+    path = tmp_path / "iql.safetensors"
     path.write_bytes(iql_checkpoint.read_bytes()[:1000])
     checksum_path(path).write_text(checksum_path(iql_checkpoint).read_text())
     with pytest.raises(CheckpointError, match=f"checkpoint {path} is damaged"):
         MorcaPolicy.load(path)
     checksum_path(path).unlink()
-    with pytest.raises(CheckpointError, match=f"checkpoint {path} has no checksum file iql.d3.sha256"):
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} has no checksum file iql.safetensors.sha256"):
         MorcaPolicy.load(path)
-    with pytest.raises(FileNotFoundError, match="missing.d3 does not exist"):
-        MorcaPolicy.load(tmp_path / "missing.d3")
+    with pytest.raises(FileNotFoundError, match="missing.safetensors does not exist"):
+        MorcaPolicy.load(tmp_path / "missing.safetensors")
+
+
+class WritesAFile:
+    """Unpickling this opens (creates) a file: a stand-in for any code a shared pickle could run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_a_crafted_pickle_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    for name in ("evil.d3", "evil.pt", "evil.safetensors"):  # the suffix does not decide: the bytes do
+        path = tmp_path / name
+        path.write_bytes(pickle.dumps({"version": "2.8.1", "config": "{}", "torch": WritesAFile(marker)}))
+        write_checksum(path)  # whoever shares a checkpoint shares its sidecar
+        for load in (load_learnable, MorcaPolicy.load, lambda p: schedulers.make("morca", path=str(p))):
+            with pytest.raises(UntrustedCheckpointError, match="is a pickle .* convert-checkpoint"):
+                load(path)
+        with pytest.raises(CheckpointError):  # torch's weights_only unpickler refuses the global `open`
+            ReinforcePolicy.load(path)
+        assert not marker.exists(), name
+    with pytest.raises(CheckpointError):
+        load_learnable(tmp_path / "evil.d3", trusted=True)  # trusting it runs it: the test's payload is live
+    assert marker.exists()
+
+
+def test_legacy_checkpoints_load_when_trusted_and_convert_to_the_safe_format(fitted, tmp_path, capsys):
+    legacy = tmp_path / "final.d3"
+    fitted.save(str(legacy))
+    write_checksum(legacy)
+    obs = observations()
+    assert np.array_equal(load_learnable(legacy, trusted=True).predict(obs), fitted.predict(obs))
+    assert np.array_equal(MorcaPolicy.load(legacy, trusted=True).algo.predict(obs), fitted.predict(obs))
+    assert convert_checkpoint.main([str(legacy)]) == 0
+    converted = tmp_path / "final.safetensors"
+    assert f"-> {converted}" in capsys.readouterr().out
+    assert np.array_equal(load_learnable(converted).predict(obs), fitted.predict(obs))
+    assert legacy.exists()  # the original is kept
+    with pytest.raises(CheckpointError, match="already in the safe format"):
+        convert(converted)
+    assert convert_checkpoint.main([str(converted)]) == 1
+
+    network = MorcaNetwork(3, "policy", "p3,mean,var")
+    pt = tmp_path / "reinforce.pt"
+    torch.save({"network": network.state_dict(), "channels": 3, "config": {"features": "p3,mean,var"}}, pt)
+    write_checksum(pt)
+    safe = convert(pt)
+    assert read_header(safe)["scheduler"] == "reinforce"
+    for loaded in (ReinforcePolicy.load(pt), ReinforcePolicy.load(safe)):  # a plain .pt: weights only, no trust
+        assert all(torch.equal(a, b) for a, b in zip(network.state_dict().values(),
+                                                     loaded.network.state_dict().values()))
+
+
+def test_the_registry_tells_a_morca_from_a_reinforce_checkpoint_by_its_header(iql_checkpoint, tmp_path):
+    network = MorcaNetwork(3, "policy", "p3,mean,var")
+    reinforce = save_state({"network": network.state_dict(), "channels": 3, "config": {"features": "p3,mean,var"}},
+                           tmp_path / "r.safetensors", "reinforce")
+    assert schedulers.parse_method("a", str(iql_checkpoint)) == {"name": "morca", "path": str(iql_checkpoint)}
+    assert schedulers.parse_method("b", str(reinforce)) == {"name": "reinforce", "path": str(reinforce)}
+    assert isinstance(schedulers.make("reinforce", path=str(reinforce)), ReinforcePolicy)
+    with pytest.raises(CheckpointError, match="holds a 'reinforce' scheduler, not a d3rlpy algorithm"):
+        MorcaPolicy.load(reinforce)
 
 
 def test_a_flipped_byte_in_a_reinforce_checkpoint_is_refused(tmp_path):
     network = MorcaNetwork(3, "policy", "p3,mean,var")
-    path = save_torch({"network": network.state_dict(), "channels": 3, "config": {"features": "p3,mean,var"}},
-                      tmp_path / "reinforce.pt")
+    path = save_state({"network": network.state_dict(), "channels": 3, "config": {"features": "p3,mean,var"}},
+                      tmp_path / "reinforce.safetensors", "reinforce")
     ReinforcePolicy.load(path)
     size = path.stat().st_size
     flip(path, size // 2)

@@ -431,7 +431,8 @@ def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_upd
     assert [h["round"] for h in history] == [1, 2] and len(trainer.online_episodes) == 12
     assert [h["rollout_psnr"] for h in history] == [100.0, 100.0]
     assert trainer.algo.impl.critic_only is False
-    assert (tmp_path / "o" / "final.d3").exists() and (tmp_path / "o" / "checkpoints" / "0001.d3").exists()
+    assert (tmp_path / "o" / "final.safetensors").exists()
+    assert (tmp_path / "o" / "checkpoints" / "0001.safetensors").exists()
     latest = json.loads((tmp_path / "o" / "latest.json").read_text())
     assert latest["index"] == 1 and [h["round"] for h in latest["history"]] == [1, 2]
     calls.clear()

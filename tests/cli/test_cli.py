@@ -10,7 +10,8 @@ from morca_env import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
-            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "leaderboard"}
+            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "leaderboard",
+            "convert-checkpoint"}
 
 
 def test_morca_help_lists_every_subcommand_with_its_summary():
