@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -295,5 +295,15 @@ class SpeedupCalibration:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "SpeedupCalibration":  # pragma: no mutate block (I/O)
-        data = json.loads(Path(path).read_text())
-        return cls(**data)
+        from .io import read_json
+
+        data = read_json(path, "speedup calibration")
+        names = [f.name for f in fields(cls)]
+        if not isinstance(data, dict) or not {"alpha", "beta", "max_budget"} <= set(data) <= set(names):
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"speedup calibration {path} is not one (got {got}); it needs alpha, beta, max_budget "
+                             f"and may hold {', '.join(f for f in names if f not in ('alpha', 'beta', 'max_budget'))}")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"speedup calibration {path}: {error}") from None

@@ -11,7 +11,6 @@ reads, so the env and every scheduler can depend on it.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import replace
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .budget import SpeedupCalibration
+from .io import read_json
 from .paths import cache_root
 
 
@@ -59,7 +59,7 @@ def load_threshold_map(name: str):
     if path is None:
         raise FileNotFoundError(f"no threshold map for {name!r}; run `morca calibrate --thresholds` "
                                 "for this env")
-    return ThresholdMap.from_dict(json.loads(path.read_text()))
+    return ThresholdMap.from_file(path)
 
 
 def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
@@ -147,6 +147,17 @@ class ThresholdMap:
     @classmethod
     def from_dict(cls, data: dict) -> "ThresholdMap":
         return cls(data["speedups"], data["thresholds"], data.get("source", "unspecified"))
+
+    @classmethod
+    def from_file(cls, path) -> "ThresholdMap":
+        """A threshold map JSON file; a malformed one is an error naming the file and what it needs."""
+        data = read_json(path, "threshold map")
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"threshold map {path} is not a valid one ({type(error).__name__}: {error}); it needs "
+                             "\"speedups\" and \"thresholds\": >= 2 points, distinct speedups, positive thresholds") \
+                from None
 
 
 def threshold_map_from_counts(name: str, grid, counts, calibration, source: str) -> ThresholdMap:

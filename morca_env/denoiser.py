@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -198,6 +199,7 @@ class StepwiseDenoiser:
                 raise ValueError("pass a prompt or prompt_embeds")
             if not has_encoder:
                 raise ValueError("this pipeline has no text encoder: pass prompt_embeds (and negative_prompt_embeds)")
+            warn_if_truncated(self.pipe, prompt, self.config.max_sequence_length)
             negative = self.config.negative_prompt
         else:
             prompt = None
@@ -330,3 +332,19 @@ class StepwiseDenoiser:
         for cache in self.caches:
             cache.detach(self)
         self.caches = []
+
+
+_truncation_warned: set[tuple[str, int]] = set()
+
+
+def warn_if_truncated(pipe, prompt, max_length: int) -> None:
+    """Warn (once per prompt) when the text encoder will read only the first `max_length` tokens of `prompt`:
+    two prompts that differ after that give the same video (MorcaTiny reads 16 tokens, Wan 512)."""
+    tokenizer = getattr(pipe, "tokenizer", None)
+    if tokenizer is None or not isinstance(prompt, str) or (prompt, max_length) in _truncation_warned:
+        return
+    count = len(tokenizer(prompt, add_special_tokens=True).input_ids)
+    if count > max_length:
+        _truncation_warned.add((prompt, max_length))
+        warnings.warn(f"prompt {prompt[:60]!r}... has {count} tokens and this model reads the first {max_length}: "
+                      "prompts that differ only after that give the same video", stacklevel=3)

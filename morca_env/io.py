@@ -52,6 +52,22 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_json(path: str | Path, what: str = "file"):
+    """The JSON value in `path`; a missing, unreadable or malformed file is an error naming `what`, the file and
+    (malformed) the line and column, not a bare `JSONDecodeError`."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory, not a JSON file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        where = f"line {error.lineno}, column {error.colno}: {error.msg}" if isinstance(error, json.JSONDecodeError) \
+            else "not text"
+        raise ValueError(f"{what} {path} is not valid JSON ({where}); restore it or write it again") from None
+
+
 def read_json_lines(path: str | Path) -> list[dict]:
     """The rows of an append-only JSON-lines log. A torn last line (a crash in the middle of a write) is dropped
     with a warning, since the row it held is simply redone; a bad line before the end means the file was damaged

@@ -40,6 +40,13 @@ class ThresholdCurve:
 
     def __init__(self, threshold_map: ThresholdMap, speedup_range=(1.5, 4.5), amplitude=(0.0, 0.9),
                  num_references=(2, 5), min_ratio=0.1, max_ratio=3.0, max_step_change=0.25, seed=None):
+        ordered_pair("speedup_range", speedup_range, 1.0, "a speedup")
+        ordered_pair("amplitude", amplitude, 0.0, "an amplitude")
+        ordered_pair("num_references", num_references, 1, "a count of reference steps", integers=True)
+        if not 0 < min_ratio <= max_ratio:
+            raise ValueError(f"min_ratio={min_ratio!r}, max_ratio={max_ratio!r}: need 0 < min_ratio <= max_ratio")
+        if not max_step_change > 0:
+            raise ValueError(f"max_step_change={max_step_change!r} must be > 0")
         self.g = threshold_map
         self.speedup_range = tuple(speedup_range)
         self.amplitude = tuple(amplitude)
@@ -70,6 +77,15 @@ class ThresholdCurve:
     def __call__(self, obs) -> int:
         i = min(step_index(obs, self.num_steps), self.num_steps - 1)
         return feasible(int(seacache_reuses(float(obs["scalars"][Scalar.D_t]), float(self.curve[i]))), obs)
+
+
+def ordered_pair(name: str, value, minimum, what: str, integers: bool = False) -> None:
+    """Refuse a (low, high) option that is not two numbers with minimum <= low <= high, naming it."""
+    kinds = (int,) if integers else (int, float)
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, kinds) for v in value)
+            or not minimum <= value[0] <= value[1]):
+        raise ValueError(f"{name}={value!r} must be (low, high), {what} each, with {minimum} <= low <= high")
 
 
 @register("threshold-curve", seeded=True, needs_env=True, aliases=("behaviour", "behavior"))

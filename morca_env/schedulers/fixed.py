@@ -4,12 +4,12 @@ the best fixed schedule is the bar (`morca_env.benchmark`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..calibration_files import find_calibration_file
+from ..io import read_json
 from .base import PrecomputedSchedule
 from .registry import register
 from .schedule import Moves, adjust_reuses, propose
@@ -71,8 +71,12 @@ class StaticSchedule(PrecomputedSchedule):
 
     @classmethod
     def from_file(cls, path) -> "StaticSchedule":
-        data = json.loads(Path(path).read_text())
-        return cls({int(k): v for k, v in data["schedules"].items()}, data.get("source", str(path)))
+        data = read_json(path, "fixed schedules file")
+        try:
+            return cls({int(k): v for k, v in data["schedules"].items()}, data.get("source", str(path)))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"fixed schedules file {path} is not one ({type(error).__name__}: {error}); it needs "
+                             "{\"schedules\": {\"<K>\": [0 or 1 per step], ...}} (morca fit-fixed writes it)") from None
 
     @classmethod
     def packaged(cls, model: str) -> "StaticSchedule":
@@ -134,8 +138,8 @@ class SearchedSchedules(PrecomputedSchedule):
             raise ValueError("scheduler 'searched' needs the search results' directory: make('searched', path=...)")
         self.found: dict[tuple[str, int, int], list[int]] = {}
         for file in sorted(Path(path).glob("*.json")):
-            data = json.loads(file.read_text())
-            if len(data.get("pairs", [])) == 1:
+            data = read_json(file, "search result")
+            if isinstance(data, dict) and len(data.get("pairs", [])) == 1:
                 (prompt, seed), = data["pairs"]
                 self.found[(prompt, int(seed), int(data["budget"]))] = data["schedule"]
         if not self.found:
@@ -197,9 +201,17 @@ class ReplaySchedules(PrecomputedSchedule):
     def __init__(self, path=None):
         if path is None:
             raise ValueError("scheduler 'replay' needs an entries file: make('replay', path=...)")
-        self.entries = json.loads(Path(path).read_text())
-        if not self.entries:
-            raise ValueError(f"{path} holds no schedules")
+        self.entries = read_json(path, "replay entries file")
+        if not isinstance(self.entries, list) or not self.entries:
+            raise ValueError(f"replay entries file {path} holds no schedules (a JSON list of "
+                             "{\"prompt\", \"seed\", \"schedule\"} is expected)")
+        for index, entry in enumerate(self.entries):
+            schedule = entry.get("schedule") if isinstance(entry, dict) else None
+            if (not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str)
+                    or isinstance(entry.get("seed"), bool) or not isinstance(entry.get("seed"), int)
+                    or not isinstance(schedule, list) or any(a not in (0, 1) or isinstance(a, bool) for a in schedule)):
+                raise ValueError(f"replay entries file {path}, entry {index}: {entry!r} must be {{\"prompt\": <text>, "
+                                 "\"seed\": <integer>, \"schedule\": [0 or 1 per step]}")
         self.entry = self.entries[0]
 
     def episode_options(self, index: int) -> dict:
