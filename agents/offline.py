@@ -63,7 +63,9 @@ class OfflineTrainer:
 
     def __init__(self, buffer, config: OfflineConfig = OfflineConfig(), run_dir: str | Path = "runs/offline"):
         self.buffer, self.config, self.run_dir = buffer, config, Path(run_dir)
-        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "offline", **asdict(config)})
+        steps = {len(e.rewards) for e in buffer.episodes}  # the data's step count N, checked where a policy plays
+        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "offline", **asdict(config),
+                                                        "num_steps": steps.pop() if len(steps) == 1 else None})
         self.algo = config.create()
         self.algo.build_with_dataset(buffer)
         self.start = 0

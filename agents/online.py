@@ -97,7 +97,8 @@ class OnlineTrainer:
             self.algo.copy_weights_from(offline_algo)
         self.offline_episodes = [tuple_episode(e) for e in offline_buffer.episodes] if offline_buffer is not None else []
         self.online_episodes = []
-        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "online", **dataclasses.asdict(config)})
+        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "online", **dataclasses.asdict(config),
+                                                        "num_steps": self.env.num_steps})
         self.start_round = 0
         self.history: list[dict] = []
         self._resume()

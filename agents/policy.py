@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import numpy as np
 import torch
 
@@ -29,12 +32,14 @@ class MorcaPolicy:
 
     learned = True  # evaluation times its per-step cost and counts it in the speedup
 
-    def __init__(self, algo, deterministic: bool = True, pace: float = 0.0):
+    def __init__(self, algo, deterministic: bool = True, pace: float = 0.0, trained_steps: int | None = None):
         if not pace >= 0.0:
             raise ValueError(f"pace={pace!r} must be >= 0 (0: the network's own logits)")
         self.algo = algo
         self.deterministic = deterministic
         self.pace = float(pace)
+        self.trained_steps = trained_steps  # the step count N of its training episodes, when its checkpoint says
+        self._warned_steps: set[int] = set()
         # our DiscreteIQL: call its masked policy network directly. d3rlpy's predict() costs ~0.3 ms
         # per call in conversions and checks, as much as MorcaTiny's scalar-state network itself
         # several times over, and a scheduler's own time is paid in speedup.
@@ -63,9 +68,19 @@ class MorcaPolicy:
         from . import iql  # noqa: F401  (registers our config and encoder with d3rlpy)
         from .checkpoint import load_learnable
 
-        return cls(load_learnable(path, device=device, trusted=trusted), deterministic, pace)
+        from .checkpoint import is_safe_format, read_header
+
+        algo = load_learnable(path, device=device, trusted=trusted)
+        steps = json.loads(read_header(path)["training"] or "null") if is_safe_format(path) else None
+        return cls(algo, deterministic, pace, (steps or {}).get("num_steps") if isinstance(steps, dict) else None)
 
     def reset(self, obs, info) -> None:
+        steps = info.get("num_steps")
+        if self.trained_steps and steps and steps != self.trained_steps and steps not in self._warned_steps:
+            self._warned_steps.add(steps)
+            warnings.warn(f"this scheduler was trained on {self.trained_steps}-step episodes and plays a {steps}-step "
+                          "one: its state is in shares of the steps, but the schedules it learnt were not seen at "
+                          "this step count; expect it to do worse than on its own", stacklevel=2)
         # latent features of a noisy latent are never all zero: zeros mean MorcaEnv(latent_features=False)
         if self.reads_latents and not np.any(obs["pooled"]):
             raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "

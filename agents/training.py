@@ -11,7 +11,7 @@ from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 from tqdm import tqdm
 
 from morca_env.data import transition_picker
-from morca_env.io import atomic_write_text
+from morca_env.io import atomic_write_text, writable_directory
 
 from .checkpoint import save_learnable
 from .sampling import TransitionSampler
@@ -83,7 +83,7 @@ class CheckpointDir:
     def __init__(self, directory: str | Path, training: dict | None = None):
         self.directory = Path(directory)
         self.training = training
-        (self.directory / "checkpoints").mkdir(parents=True, exist_ok=True)
+        writable_directory(self.directory / "checkpoints", "run directory")
 
     def save(self, algo, index: int, state: dict | None = None) -> Path:
         path = self.directory / "checkpoints" / f"{index:04d}.safetensors"

@@ -52,6 +52,25 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def writable_directory(path: str | Path, what: str = "output directory") -> Path:
+    """`path` created if missing and checked writable before a long job writes into it: a file in its place or a
+    read-only disk is an error naming `what` and the path at the start, not a raw OSError halfway."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(f"{what} {path} is a file (or lies under one), not a directory: give a "
+                                 "directory") from None
+    except OSError as error:
+        raise PermissionError(f"{what} {path} cannot be created ({error.strerror}): give a writable directory") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise PermissionError(f"{what} {path} cannot be written ({error.strerror}): give a writable directory") from None
+    return path
+
+
 def read_json(path: str | Path, what: str = "file"):
     """The JSON value in `path`; a missing, unreadable or malformed file is an error naming `what`, the file and
     (malformed) the line and column, not a bare `JSONDecodeError`."""

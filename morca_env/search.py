@@ -32,7 +32,7 @@ import numpy as np
 
 from .budget import BudgetSpec
 from .executors import WorkerFailed
-from .io import atomic_write_text, read_json_lines, repair_json_lines
+from .io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
 from .schedulers.schedule import propose, schedule_key
 from .workers import map_on_envs
 
@@ -362,29 +362,29 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
     result here as it comes back (an actor's evaluation log stays on its own node's disk)."""
     from tqdm import tqdm
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_directory(out, "search output")
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError("search task names must be unique")
-    results: dict[str, dict] = {}
-    todo = []
-    for task in tasks:
-        done = out / f"{task.name}.json"
-        if done.exists():
-            results[task.name] = json.loads(done.read_text())
-        else:
-            todo.append(task)
-    kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
-    bar = tqdm(total=len(tasks), initial=len(results), desc="schedule search", unit="search", disable=not progress)
-    jobs = [(task, config, str(out)) for task in todo]
-    try:
-        for data in map_on_envs(_search_task, jobs, env_id, kwargs, workers, threads, executor):
-            atomic_write_text(out / f"{data['name']}.json", json.dumps(data) + "\n")  # as it arrives: resumable
-            results[data["name"]] = data
-            bar.update()
-    except WorkerFailed as error:
-        raise RuntimeError(f"schedule search on {executor!r}: {error}; finished searches are kept in {out}: "
-                           "rerun to continue") from error
-    bar.close()
-    return [results[name] for name in names]
+    with exclusive_lock(out / ".lock", f"schedule search {out}"):  # one writer: two would search twice, log twice
+        results: dict[str, dict] = {}
+        todo = []
+        for task in tasks:
+            done = out / f"{task.name}.json"
+            if done.exists():
+                results[task.name] = json.loads(done.read_text())
+            else:
+                todo.append(task)
+        kwargs = {"lpips": False, "latent_features": False, **env_kwargs}
+        bar = tqdm(total=len(tasks), initial=len(results), desc="schedule search", unit="search", disable=not progress)
+        jobs = [(task, config, str(out)) for task in todo]
+        try:
+            for data in map_on_envs(_search_task, jobs, env_id, kwargs, workers, threads, executor):
+                atomic_write_text(out / f"{data['name']}.json", json.dumps(data) + "\n")  # as it arrives: resumable
+                results[data["name"]] = data
+                bar.update()
+        except WorkerFailed as error:
+            raise RuntimeError(f"schedule search on {executor!r}: {error}; finished searches are kept in {out}: "
+                               "rerun to continue") from error
+        bar.close()
+        return [results[name] for name in names]

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
             baselines=tuple(args.baselines), matched=not args.no_matched, same_k=args.same_k, workers=args.workers)
         threads = configure_threads(args.threads, workers=args.workers if args.ray else 1)
         result = evaluate(config, executor, threads=threads, overwrite=args.overwrite)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         raise SystemExit(f"morca evaluate: {error}") from None
     print("\n" + result.text)
     print(f"wrote {args.out}/table.md, table.csv, pareto.png, schedules.png and videos")

@@ -23,7 +23,7 @@ from ..calibrate import fastest, measure_calibration, stock_seconds
 from ..calibration_files import load_threshold_map
 from ..executors import WorkerFailed
 from ..governor import SpeedupGovernor
-from ..io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines
+from ..io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
 from ..video import side_by_side, write_video
 from ..workers import needs_gpu
 from .comparison import pending_matched
@@ -340,7 +340,7 @@ def evaluate(config: EvaluationConfig, executor=None, threads: int | None = None
     """Run (or resume) the evaluation `config` describes and write its tables, figures and videos into
     `config.out`. One writer per out directory (a second one fails naming the first one's pid); `overwrite`
     discards the rows of an earlier run there instead of refusing a changed configuration."""
-    config.out.mkdir(parents=True, exist_ok=True)
+    writable_directory(config.out, "evaluation output --out")
     with exclusive_lock(config.out / ".lock", f"evaluation {config.out}"):
         if overwrite:
             for name in ("episodes.jsonl", "run.json", "calibration.json"):

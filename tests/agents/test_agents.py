@@ -3,6 +3,8 @@ import subprocess
 import sys
 
 import d3rlpy
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -382,6 +384,10 @@ def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tm
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.safetensors")) == ["0000.safetensors",
                                                                                        "0001.safetensors"]
     after_two = load_learnable(tmp_path / "final.safetensors").impl.policy.state_dict()
+    from agents.checkpoint import read_header
+
+    training = json.loads(read_header(tmp_path / "final.safetensors")["training"])
+    assert training["trainer"] == "offline" and training["num_steps"] == len(synthetic_buffer(4).episodes[0].rewards)
     resumed = OfflineTrainer(synthetic_buffer(4), dataclasses.replace(config, epochs=3), tmp_path)
     assert resumed.resume() == 2
     loaded = resumed.algo.impl.policy.state_dict()

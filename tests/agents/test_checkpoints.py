@@ -207,3 +207,17 @@ def test_a_flipped_byte_in_a_reinforce_checkpoint_is_refused(tmp_path):
         ReinforcePolicy.load(path)
     flip(path, size // 2)
     assert isinstance(ReinforcePolicy.load(path).network, torch.nn.Module)
+
+
+def test_a_policy_played_at_another_step_count_than_its_training_warns(fitted, tmp_path):
+    import warnings
+
+    path = save_learnable(fitted, tmp_path / "p.safetensors", training={"num_steps": 20})
+    policy = MorcaPolicy.load(path)
+    obs = observations()
+    row = {"pooled": obs[0][0], "temporal": obs[1][0], "scalars": obs[2][0], "action_mask": obs[3][0]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy.reset(row, {"num_steps": 20})  # its own step count: silent
+    with pytest.warns(UserWarning, match="trained on 20-step episodes and plays a 50-step one"):
+        policy.reset(row, {"num_steps": 50})

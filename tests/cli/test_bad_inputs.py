@@ -260,3 +260,90 @@ def test_round2_item8_a_mixture_component_without_a_name_is_named():
 
     with pytest.raises(ValueError, match=r"mixture component \{'weight': 1\} must be an object with a scheduler"):
         schedulers.make("mixture", components=[{"weight": 1}])
+
+
+def test_round2_item8_malformed_files_and_options_are_named(tmp_path):
+    """Corrupt calibration / threshold map / schedules files and bad scheduler options: errors naming the file,
+    the entry and what is valid (they gave raw JSONDecodeError, TypeError, KeyError or numpy errors)."""
+    from morca_env import schedulers
+    from morca_env.budget import SpeedupCalibration
+    from morca_env.calibration_files import ThresholdMap
+    from morca_env.schedulers.fixed import StaticSchedule
+
+    torn = tmp_path / "torn.json"
+    torn.write_text('{"alpha": 1.0, "beta"')
+    with pytest.raises(ValueError, match=f"speedup calibration {torn} is not valid JSON \\(line 1, column 22"):
+        SpeedupCalibration.from_json(torn)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"alpha": 1.0, "gamma": 2}')
+    with pytest.raises(ValueError, match=f"speedup calibration {wrong} is not one .*needs alpha, beta, max_budget"):
+        SpeedupCalibration.from_json(wrong)
+    with pytest.raises(ValueError, match=f"threshold map {wrong} is not a valid one .*needs \"speedups\""):
+        ThresholdMap.from_file(wrong)
+    with pytest.raises(ValueError, match=f"fixed schedules file {wrong} is not one"):
+        StaticSchedule.from_file(wrong)
+    with pytest.raises(FileNotFoundError, match="fixed schedules file .*missing.json does not exist"):
+        StaticSchedule.from_file(tmp_path / "missing.json")
+    entries = tmp_path / "entries.json"
+    entries.write_text(json.dumps([{"prompt": "a", "seed": 0, "schedule": [0, 1, 0]}, {"prompt": "b", "seed": 1}]))
+    with pytest.raises(ValueError, match=f"replay entries file {entries}, entry 1: .* must be "):
+        schedulers.make("replay", path=str(entries))
+    for option, value in (("speedup_range", (3, 1)), ("amplitude", (0.5,)), ("num_references", (2.5, 3))):
+        with pytest.raises(ValueError, match=f"{option}=.* must be \\(low, high\\)"):
+            schedulers.make("threshold-curve", threshold_map=ThresholdMap([1.5, 3.0], [0.1, 0.3]), **{option: value})
+    with pytest.raises(ValueError, match="iterations=0 must be a positive integer"):
+        schedulers.make("seacache-exact", iterations=0)
+
+
+def test_round2_item8_an_output_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
+    import tempfile
+
+    from morca_env.io import writable_directory
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"evaluation output --out {afile} is a file"):
+        writable_directory(afile, "evaluation output --out")
+    with pytest.raises(NotADirectoryError, match="is a file \\(or lies under one\\)"):
+        writable_directory(afile / "sub")
+    with pytest.raises(SystemExit, match=f"morca evaluate: evaluation output --out {afile} is a file"):
+        commands.main(["evaluate", "--env", "MorcaTinyRandom-v0", "--prompts", "1", "--targets", "2", "--videos", "0",
+                       "--methods", "uniform", "--out", str(afile)])
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)  # as root, chmod cannot make a directory read-only
+    with pytest.raises(PermissionError, match=f"run directory {tmp_path} cannot be written \\(Read-only file system"):
+        writable_directory(tmp_path, "run directory")
+
+
+def test_round2_item9_a_prompt_the_text_encoder_truncates_warns_once():
+    import warnings
+
+    from morca_env.denoiser import warn_if_truncated
+
+    class Tokenizer:
+        def __call__(self, text, add_special_tokens=True):
+            return type("Tokens", (), {"input_ids": text.split() + ["</s>"]})()
+
+    pipe = type("Pipe", (), {"tokenizer": Tokenizer()})()
+    words = " ".join(f"w{i}" for i in range(20))
+    with pytest.warns(UserWarning, match="has 21 tokens and this model reads the first 16"):
+        warn_if_truncated(pipe, words, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_truncated(pipe, words, 16)  # once per prompt
+        warn_if_truncated(pipe, "a short prompt", 16)
+
+
+def test_round2_item8_a_second_search_into_one_output_is_refused_naming_the_holder(tmp_path):
+    import os
+
+    from morca_env.io import exclusive_lock
+    from morca_env.search import SearchTask, search_many
+
+    with exclusive_lock(tmp_path / ".lock", "test"):
+        with pytest.raises(RuntimeError, match=f"schedule search {tmp_path} is being written by another process "
+                                               f"\\(pid {os.getpid()}"):
+            search_many([SearchTask("t", [("a", 0)], 2)], "MorcaTinyRandom-v0", {}, tmp_path, progress=False)
