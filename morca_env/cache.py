@@ -63,6 +63,7 @@ class _BranchState(BaseState):
         self.head_arguments: dict | None = None  # block 0's call arguments but hidden_states (latest call)
         self.head: tuple | None = None  # block 0's (input, output), latest computed call (keep_head; references)
         self.model_output: torch.Tensor | None = None  # the transformer's output, latest computed call (keep_output)
+        self.computing: torch.Tensor | None = None  # rows that recompute in a call whose samples decide apart
 
 
 @dataclass
@@ -70,6 +71,7 @@ class _Controller:
     """State shared by all hooks of one transformer: the decision and which branches hold a residual."""
 
     reuse: bool = False
+    reuse_rows: torch.Tensor | None = None  # per-sample decisions (bool, one per sample) when they differ
     cached_branches: set[str] = field(default_factory=set)
     computed_calls: int = 0
     reused_calls: int = 0
@@ -85,6 +87,26 @@ def _hidden_states(args, kwargs) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _forward_signature(cls) -> inspect.Signature:
     return inspect.signature(cls.forward)
+
+
+def _rows(value, index: torch.Tensor, batch: int):
+    """`value` (a call argument, or tuples/lists of them) cut to the rows `index` where it has a batch axis of
+    `batch` samples (text context, timestep modulation); per-position arguments (the rotary embedding) pass."""
+    if isinstance(value, torch.Tensor):
+        return value[index] if value.ndim and value.shape[0] == batch else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, index, batch) for v in value)
+    if isinstance(value, dict):
+        return {k: _rows(v, index, batch) for k, v in value.items()}
+    return value
+
+
+def _forward_rows(forward, index: torch.Tensor, hidden: torch.Tensor, args, kwargs) -> torch.Tensor:
+    """The block on the rows `index` alone, scattered back into a copy of `hidden` (the other rows unchanged)."""
+    batch = hidden.shape[0]
+    out = hidden.clone()
+    out[index] = forward(*_rows(args, index, batch), **_rows(kwargs, index, batch))
+    return out
 
 
 def _call_arguments(module, args, kwargs) -> dict:
@@ -104,8 +126,13 @@ class _CacheHook(ModelHook):
 
     def _finish(self, state: "_BranchState", output: torch.Tensor) -> torch.Tensor:
         if self.is_tail:
-            state.residual = (output.to(self.config.residual_dtype)
-                              - state.block_input.to(self.config.residual_dtype)).detach()
+            residual = (output.to(self.config.residual_dtype)
+                        - state.block_input.to(self.config.residual_dtype)).detach()
+            if state.computing is None:
+                state.residual = residual
+            else:  # only the rows that recomputed have a new residual; the others keep theirs
+                state.residual = state.residual.clone()
+                state.residual[state.computing] = residual[state.computing]
             state.block_input = None
             self.controller.cached_branches.add(self.states.context.name)
         return output
@@ -124,6 +151,10 @@ class _LeaderHook(_CacheHook):
         hidden = _hidden_states(args, kwargs)
         if self.controller.keep_head:  # only the block-0 probe reads them: no binding on other runs' calls
             state.head_arguments = _call_arguments(module, args, kwargs)
+        rows = self.controller.reuse_rows
+        state.computing = None
+        if rows is not None:
+            return self._mixed(module, state, rows, hidden, args, kwargs)
         if self.controller.reuse:
             if state.residual is None:
                 raise RuntimeError(
@@ -141,6 +172,23 @@ class _LeaderHook(_CacheHook):
             state.head = (hidden.detach(), output.detach())
         return self._finish(state, output)
 
+    def _mixed(self, module, state: "_BranchState", rows: torch.Tensor, hidden, args, kwargs) -> torch.Tensor:
+        """Samples that decide apart: the reusing rows take h + their own residual, the recomputing rows run the
+        blocks as one sub-batch (every later block hook follows `state.computing`)."""
+        if rows.shape[0] != hidden.shape[0]:
+            raise ValueError(f"{rows.shape[0]} per-sample decisions for a batch of {hidden.shape[0]} samples")
+        if state.residual is None or state.residual.shape[0] != hidden.shape[0]:
+            raise RuntimeError(f"reuse requested for some samples of branch {self.states.context.name!r} but no "
+                               "residual of this batch is cached; the first step of every expert must recompute")
+        computing = torch.nonzero(~rows.to(hidden.device)).flatten()
+        reusing = torch.nonzero(rows.to(hidden.device)).flatten()
+        state.skipping, state.computing, state.block_input = False, computing, hidden
+        self.controller.computed_calls += 1
+        self.controller.reused_calls += 1
+        output = _forward_rows(self.fn_ref.original_forward, computing, hidden, args, kwargs)
+        output[reusing] = (hidden[reusing].to(self.config.residual_dtype) + state.residual[reusing]).to(hidden.dtype)
+        return self._finish(state, output)
+
 
 class _BlockHook(_CacheHook):
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
@@ -149,6 +197,10 @@ class _BlockHook(_CacheHook):
         state: _BranchState = self.states.get_state()
         if state.skipping:
             return _hidden_states(args, kwargs)
+        if state.computing is not None:  # a call whose samples decide apart: only the recomputing rows run
+            output = _forward_rows(self.fn_ref.original_forward, state.computing, _hidden_states(args, kwargs),
+                                   args, kwargs)
+            return self._finish(state, output)
         return self._finish(state, self.fn_ref.original_forward(*args, **kwargs))
 
 
@@ -226,6 +278,20 @@ class ResidualCache:
     @reuse.setter
     def reuse(self, value: bool) -> None:
         self._controller.reuse = bool(value)
+        self._controller.reuse_rows = None
+
+    def decide(self, per_sample) -> None:
+        """One reuse decision per sample of the batch (the CFG branches of a sample share it, as each branch is
+        its own call). When they agree it is `reuse = value`; when they differ, the recomputing samples run the
+        blocks as one sub-batch and the reusing ones take their own h + residual, each row equal to that sample
+        run alone (tests/envs/test_cache.py)."""
+        rows = torch.as_tensor([bool(v) for v in per_sample], dtype=torch.bool)
+        if rows.numel() == 0:
+            raise ValueError("decide() needs one decision per sample, got none")
+        if bool(rows.all()) or not bool(rows.any()):
+            self.reuse = bool(rows[0])
+        else:
+            self._controller.reuse, self._controller.reuse_rows = False, rows
 
     def is_valid(self, branches: tuple[str, ...]) -> bool:
         """True when every branch in `branches` holds a residual, so a reuse step can run."""

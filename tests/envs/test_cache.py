@@ -460,3 +460,73 @@ def test_patch_embedding_memo_recomputes_on_a_changed_input_weight_or_output_and
     out = conv(x)  # autograd on: never served from the memo
     assert out.requires_grad and torch.equal(out.detach(), plain(x).detach())
     den.close()
+
+
+def _block_stack(transformer):
+    def stack(x, ehs, temb, rope):
+        for block in transformer.blocks:
+            x = block(x, ehs, temb, rope)
+        return x
+    return stack
+
+
+@pytest.mark.parametrize("decisions", [[True, False, True], [False, True, False], [True, True, False]])
+def test_per_sample_decisions_give_each_row_its_own_run(wan21_pipe, decisions):
+    """A batch whose samples decide apart: each row equals that sample played alone with the same decisions
+    (its own residual when it reuses, the blocks on its own context and modulation when it recomputes)."""
+    transformer = wan21_pipe.transformer
+    stack = _block_stack(transformer)
+    torch.manual_seed(0)
+    batch = len(decisions)
+    h0, h1 = torch.randn(batch, 12, 32), torch.randn(batch, 12, 32)
+    ehs = transformer.condition_embedder.text_embedder(prompt_embeds()[0]).repeat(batch, 1, 1)
+    ehs = ehs + 0.1 * torch.randn_like(ehs)  # a text context per sample
+    temb0, temb1 = torch.randn(batch, 6, 32), torch.randn(batch, 6, 32)
+    rope = transformer.rope(torch.randn(1, 4, 3, 4, 4))
+    alone = []
+    cache = ResidualCache(transformer)
+    for i, reuse in enumerate(decisions):
+        with transformer.cache_context(f"alone{i}"):
+            cache.reuse = False
+            stack(h0[i:i + 1], ehs[i:i + 1], temb0[i:i + 1], rope)
+            cache.reuse = reuse
+            alone.append(stack(h1[i:i + 1], ehs[i:i + 1], temb1[i:i + 1], rope))
+            cache.reuse = False
+            after = stack(h0[i:i + 1], ehs[i:i + 1], temb0[i:i + 1], rope)  # the next computed step
+            alone.append(after)
+    with transformer.cache_context("batch"):
+        cache.reuse = False
+        stack(h0, ehs, temb0, rope)
+        cache.decide(decisions)
+        together = stack(h1, ehs, temb1, rope)
+        cache.decide([False] * batch)
+        next_step = stack(h0, ehs, temb0, rope)
+    for i in range(batch):
+        assert torch.allclose(together[i:i + 1], alone[2 * i], atol=1e-5), (i, decisions)
+        assert torch.allclose(next_step[i:i + 1], alone[2 * i + 1], atol=1e-5), i
+    reused, computed = decisions.index(True), decisions.index(False)  # the rows really took different paths
+    assert not torch.allclose(together[reused], stack(h1, ehs, temb1, rope)[reused], atol=1e-3)
+    cache.remove()
+
+
+def test_per_sample_decisions_check_their_count_and_agreeing_ones_take_the_fast_path(wan21_pipe):
+    transformer = wan21_pipe.transformer
+    stack = _block_stack(transformer)
+    cache = ResidualCache(transformer)
+    h = torch.randn(2, 12, 32)
+    ehs = transformer.condition_embedder.text_embedder(prompt_embeds()[0]).repeat(2, 1, 1)
+    temb, rope = torch.randn(2, 6, 32), transformer.rope(torch.randn(1, 4, 3, 4, 4))
+    with transformer.cache_context("cond"):
+        with pytest.raises(RuntimeError, match="no residual of this batch is cached"):
+            cache.decide([True, False])
+            stack(h, ehs, temb, rope)
+        cache.reuse = False
+        stack(h, ehs, temb, rope)
+        cache.decide([True, True])
+        assert cache.reuse is True
+        cache.decide([True, False, True])
+        with pytest.raises(ValueError, match="3 per-sample decisions for a batch of 2 samples"):
+            stack(h, ehs, temb, rope)
+    with pytest.raises(ValueError, match="one decision per sample, got none"):
+        cache.decide([])
+    cache.remove()
