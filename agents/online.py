@@ -98,7 +98,7 @@ class OnlineTrainer:
         self.offline_episodes = [tuple_episode(e) for e in offline_buffer.episodes] if offline_buffer is not None else []
         self.online_episodes = []
         self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "online", **dataclasses.asdict(config),
-                                                        "num_steps": self.env.num_steps})
+                                                        "num_steps": getattr(self.env, "num_steps", None)})
         self.start_round = 0
         self.history: list[dict] = []
         self._resume()
