@@ -471,10 +471,13 @@ def _block_stack(transformer):
 
 
 @pytest.mark.parametrize("decisions", [[True, False, True], [False, True, False], [True, True, False]])
-def test_per_sample_decisions_give_each_row_its_own_run(wan21_pipe, decisions):
+@pytest.mark.parametrize("pipe, expert", [("wan21_pipe", "transformer"), ("wan22_pipe", "transformer"),
+                                          ("wan22_pipe", "transformer_2")])
+def test_per_sample_decisions_give_each_row_its_own_run(request, pipe, expert, decisions):
     """A batch whose samples decide apart: each row equals that sample played alone with the same decisions
-    (its own residual when it reuses, the blocks on its own context and modulation when it recomputes)."""
-    transformer = wan21_pipe.transformer
+    (its own residual when it reuses, the blocks on its own context and modulation when it recomputes);
+    for Wan2.1's transformer and each of Wan2.2's two experts."""
+    transformer = getattr(request.getfixturevalue(pipe), expert)
     stack = _block_stack(transformer)
     torch.manual_seed(0)
     batch = len(decisions)
