@@ -66,13 +66,12 @@ class MorcaPolicy:
              trusted: bool = False) -> "MorcaPolicy":
         """A safe checkpoint (`.safetensors`); a legacy d3rlpy `.d3` pickle only with `trusted=True`."""
         from . import iql  # noqa: F401  (registers our config and encoder with d3rlpy)
-        from .checkpoint import load_learnable
-
-        from .checkpoint import is_safe_format, read_header
+        from .checkpoint import is_safe_format, load_learnable, read_header
 
         algo = load_learnable(path, device=device, trusted=trusted)
-        steps = json.loads(read_header(path)["training"] or "null") if is_safe_format(path) else None
-        return cls(algo, deterministic, pace, (steps or {}).get("num_steps") if isinstance(steps, dict) else None)
+        training = json.loads(read_header(path)["training"]) if is_safe_format(path) else None  # legacy: no record
+        steps = training.get("num_steps") if isinstance(training, dict) else None
+        return cls(algo, deterministic, pace, steps)
 
     def reset(self, obs, info) -> None:
         steps = info.get("num_steps")
