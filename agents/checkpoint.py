@@ -194,7 +194,11 @@ def read_header(path: str | Path) -> dict:
 
 def load_state(path: str | Path) -> SafeCheckpoint:
     """Read a safe checkpoint after verifying its checksum, its tensors' digest and its observation layout."""
-    verify(path)
+    return _read_verified(verify(path))
+
+
+def _read_verified(path: Path) -> SafeCheckpoint:
+    """`load_state` of a file whose checksum was just verified (hashing it once is enough)."""
     if not is_safe_format(path):
         raise untrusted_error(path)
     header = read_header(path)
@@ -253,7 +257,7 @@ def load_learnable(path: str | Path, device: Any = None, trusted: bool = False):
             return d3rlpy.load_learnable(str(path), device=device)
         except Exception as error:
             raise CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {error}") from error
-    checkpoint = load_state(path)
+    checkpoint = _read_verified(Path(path))
     if checkpoint.scheduler != "morca":
         raise CheckpointError(f"checkpoint {path} holds a {checkpoint.scheduler!r} scheduler, not a d3rlpy "
                               f"algorithm: load it with morca_env.policies.make({checkpoint.scheduler!r}, path=...)")
@@ -271,7 +275,7 @@ def load_torch_state(path: str | Path, trusted: bool = False):
     """The state of a torch checkpoint: a safe checkpoint, or a legacy `.pt` (weights only unless `trusted`)."""
     verify(path)
     if is_safe_format(path):
-        return load_state(path).state
+        return _read_verified(Path(path)).state
     try:
         return torch.load(path, weights_only=not trusted)
     except Exception as error:
@@ -291,9 +295,7 @@ def convert(path: str | Path, out: str | Path | None = None) -> Path:
         raise CheckpointError(f"--out {out} is the checkpoint itself: give another path")
     with open(path, "rb") as f:
         is_zip = f.read(2) == b"PK"  # torch.save writes a zip; d3rlpy's save a bare pickle
-    if not is_zip:
-        from . import iql  # noqa: F401  (registers our algorithm and encoder with d3rlpy)
-
+    if not is_zip:  # (this package's import registered our algorithm and encoder with d3rlpy)
         return save_learnable(load_learnable(path, trusted=True), out, training={"converted_from": path.name})
     state = load_torch_state(path, trusted=True)
     if not isinstance(state, dict) or "network" not in state:

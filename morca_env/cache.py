@@ -154,7 +154,7 @@ class _LeaderHook(_CacheHook):
         rows = self.controller.reuse_rows
         state.computing = None
         if rows is not None:
-            return self._mixed(module, state, rows, hidden, args, kwargs)
+            return self._mixed(state, rows, hidden, args, kwargs)
         if self.controller.reuse:
             if state.residual is None:
                 raise RuntimeError(
@@ -172,7 +172,7 @@ class _LeaderHook(_CacheHook):
             state.head = (hidden.detach(), output.detach())
         return self._finish(state, output)
 
-    def _mixed(self, module, state: "_BranchState", rows: torch.Tensor, hidden, args, kwargs) -> torch.Tensor:
+    def _mixed(self, state: "_BranchState", rows: torch.Tensor, hidden, args, kwargs) -> torch.Tensor:
         """Samples that decide apart: the reusing rows take h + their own residual, the recomputing rows run the
         blocks as one sub-batch (every later block hook follows `state.computing`)."""
         if rows.shape[0] != hidden.shape[0]:
