@@ -20,6 +20,7 @@ import copy
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -141,6 +142,11 @@ class StepwiseDenoiser:
         return self._index >= self.num_steps
 
     @property
+    def batch_size(self) -> int:
+        """Videos in the current run: 1 after `start`, len(prompts) after `start_batch`."""
+        return self.latents.shape[0]
+
+    @property
     def latents(self) -> torch.Tensor:
         if self._latents is None:
             raise RuntimeError("call start() first")
@@ -227,11 +233,32 @@ class StepwiseDenoiser:
         """Begin a new video: encode, draw the initial noise, reset scheduler and caches."""
         t0 = time.perf_counter()
         self._cond, self._uncond = self.encode(prompt, prompt_embeds, negative_prompt_embeds)
+        self._latents = self._initial_noise(seed, latents)
+        return self._begin(t0)
+
+    @torch.no_grad()
+    def start_batch(self, prompts: Sequence[str], seeds: Sequence[int]) -> torch.Tensor:
+        """Begin len(prompts) videos run in lockstep, one batch through every step: sample n's text embeddings and
+        initial noise are exactly those of `start(prompt=prompts[n], seed=seeds[n])` (each encoded and drawn on its
+        own, so a batch never changes a sample's inputs). `step` then takes one decision per sample."""
+        if len(prompts) != len(seeds) or not len(prompts):
+            raise ValueError(f"start_batch needs one seed per prompt and at least one video; got {len(prompts)} "
+                             f"prompts and {len(seeds)} seeds")
+        t0 = time.perf_counter()
+        encoded = [self.encode(prompt) for prompt in prompts]
+        self._cond = torch.cat([cond for cond, _ in encoded])
+        self._uncond = torch.cat([uncond for _, uncond in encoded]) if encoded[0][1] is not None else None
+        self._latents = torch.cat([self._initial_noise(seed) for seed in seeds])
+        return self._begin(t0)
+
+    def _initial_noise(self, seed: int, latents: torch.Tensor | None = None) -> torch.Tensor:
         generator = torch.Generator("cpu").manual_seed(int(seed))
-        self._latents = self.pipe.prepare_latents(
+        return self.pipe.prepare_latents(
             1, self.in_channels, self.config.height, self.config.width, self.config.num_frames,
             torch.float32, self.device, generator, latents,
         )
+
+    def _begin(self, t0: float) -> torch.Tensor:
         self.scheduler.set_timesteps(self.config.num_inference_steps, device=self.device)
         self.scheduler.set_begin_index(0)
         self._sigmas = self.scheduler.sigmas.tolist()
@@ -244,8 +271,9 @@ class StepwiseDenoiser:
         return self._latents
 
     @torch.no_grad()
-    def step(self, reuse: bool) -> torch.Tensor:
-        """Run one denoising step (both CFG branches) reusing the cached residual or recomputing."""
+    def step(self, reuse: bool | Sequence[bool]) -> torch.Tensor:
+        """Run one denoising step (both CFG branches) reusing the cached residual or recomputing: one decision
+        for the batch, or one per sample (`start_batch`; the recomputing samples run the blocks as a sub-batch)."""
         if self._latents is None or self.done:
             raise RuntimeError("no denoising step left: call start() to begin a new video")
         t0 = time.perf_counter()
@@ -256,9 +284,15 @@ class StepwiseDenoiser:
         if i == 0 and cache.owner != id(self):
             cache.claim(self)  # nothing of this video is cached yet: take the shared cache back
         cache.check_owner(self)
-        if reuse and not cache.is_valid(self.branches):
+        per_sample = hasattr(reuse, "__len__")  # a list, tuple or array of per-sample decisions
+        if per_sample and len(reuse) != self.batch_size:
+            raise ValueError(f"step {i}: {len(reuse)} decisions for a batch of {self.batch_size} videos")
+        if (any(reuse) if per_sample else reuse) and not cache.is_valid(self.branches):
             raise RuntimeError(f"step {i}: reuse needs a cached residual for branches {self.branches}")
-        cache.reuse = bool(reuse)
+        if per_sample:
+            cache.decide(reuse)
+        else:
+            cache.reuse = bool(reuse)
         guidance = self.config.guidance_scale
         if self.expert_of_step[i] == 1 and self.config.guidance_scale_2 is not None:
             guidance = self.config.guidance_scale_2
@@ -296,9 +330,15 @@ class StepwiseDenoiser:
             cache.restore(state)
         self.elapsed_s, self.last_velocity = snapshot.elapsed_s, snapshot.last_velocity
 
-    @torch.no_grad()
     def decode(self) -> torch.Tensor:
         """The finished video as (F, H, W, 3) float32 in [0, 1] on the CPU."""
+        if self._latents is not None and self.batch_size != 1:
+            raise RuntimeError(f"decode() gives one video; this run holds {self.batch_size}: call decode_batch()")
+        return self.decode_batch()[0]
+
+    @torch.no_grad()
+    def decode_batch(self) -> torch.Tensor:
+        """The finished videos as (B, F, H, W, 3) float32 in [0, 1] on the CPU."""
         if not self.done or self._latents is None:
             raise RuntimeError("decode() needs all denoising steps to be run")
         t0 = time.perf_counter()
@@ -312,7 +352,7 @@ class StepwiseDenoiser:
             video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
         else:  # pixel-space model: the latent is the video in [-1, 1]
             video = latents
-        video = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).contiguous().cpu()
+        video = (video.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).contiguous().cpu()
         _sync(self.device)
         self.elapsed_s += time.perf_counter() - t0
         return video

@@ -10,7 +10,7 @@ import time
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -46,6 +46,39 @@ def _check_device(device) -> torch.device:
         if resolved.index is not None and resolved.index >= count:
             raise ValueError(f"device={device!r}: this machine has {count} CUDA device(s); valid: cuda:0..cuda:{count - 1}")
     return resolved
+
+
+RESET_OPTIONS = ("prompt", "seed", "speedup", "budget", "scheduler_cost_s")
+
+
+class EpisodeStart(NamedTuple):
+    """What a reset starts: the prompt, the generation seed, the target speedup (None when set by a budget) and K."""
+
+    prompt: str
+    seed: int
+    target_speedup: float | None
+    budget: int
+
+
+def episode_info(start: EpisodeStart, spec: BudgetSpec, schedule: list[int], used: int, num_projected: int,
+                 reference_latency_s: float, with_lpips: bool, step: int = -1, action: int = -1, requested: int = -1,
+                 projected: bool = False, final: dict | None = None, reference_generated: bool = False) -> dict:
+    """An episode's info, the same keys after reset and after every step, as plain picklable values with no None
+    (MorcaEnv's and each MorcaVectorEnv sub-env's): tianshou stacks infos into arrays (a missing key or a None
+    becomes NaN and stops it), async vector envs, sb3's SubprocVecEnv and Ray pickle them. What only the end knows
+    (`psnr`, `ssim`, `lpips`, and the timings `latency_s`, `speedup`, `overhead_s`, so check_env's determinism
+    check holds) is 0.0 until the terminal step; `schedule` is the N decisions so far, -1 where not yet made;
+    `step` / `action` / `requested_action` are -1 after reset; `target_speedup` is 0.0 when the episode was set by
+    a budget; `reference_generated` says whether this call generated the reference video (only a reset can)."""
+    ends = {"psnr": 0.0, "ssim": 0.0, **({"lpips": 0.0} if with_lpips else {}),
+            "latency_s": 0.0, "speedup": 0.0, "overhead_s": 0.0}
+    return {"prompt": start.prompt, "seed": start.seed, "budget": start.budget,
+            "target_speedup": start.target_speedup or 0.0, "num_steps": spec.num_steps,
+            "forced_steps": sorted(spec.forced), "reference_generated": reference_generated,
+            "step": step, "action": action, "requested_action": requested, "projected": projected,
+            "reuses": used, "num_reuse": used, "num_projected": num_projected,
+            "schedule": list(schedule) + [-1] * (spec.num_steps - len(schedule)),
+            "reference_latency_s": reference_latency_s, **ends, **(final or {})}
 
 
 def _is_number(x) -> bool:
@@ -347,18 +380,17 @@ class MorcaEnv(gym.Env):
         return digest.hexdigest()[:16]
 
     # ----------------------------------------------------------------- episode
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        self._episode_active, self._ended = False, False  # until this reset succeeds
-        super().reset(seed=seed)
+    def plan_episode(self, np_random: np.random.Generator, options: dict | None = None) -> EpisodeStart:
+        """What a reset with these options starts, drawing what they leave open from `np_random` (the prompt and
+        seed from the suite, then a speedup from the range): `reset` plays it, and `MorcaVectorEnv` plans each
+        sub-env's episode with that sub-env's generator, so both give the same episode for the same seed."""
         if options is not None and not isinstance(options, dict):  # "prompt" or [] used to slip through
-            raise TypeError(f"options={options!r} must be a dict (or None); keys: prompt, seed, speedup, budget, "
-                            "scheduler_cost_s")
+            raise TypeError(f"options={options!r} must be a dict (or None); keys: {', '.join(RESET_OPTIONS)}")
         options = dict(options or {})
-        unknown = set(options) - {"prompt", "seed", "speedup", "budget", "scheduler_cost_s"}
+        unknown = set(options) - set(RESET_OPTIONS)
         if unknown:
-            raise ValueError(f"unknown reset options {sorted(unknown)}; "
-                             "valid: prompt, seed, speedup, budget, scheduler_cost_s")
-        prompt, gen_seed = self.suite.sample(self.np_random)
+            raise ValueError(f"unknown reset options {sorted(unknown)}; valid: {', '.join(RESET_OPTIONS)}")
+        prompt, gen_seed = self.suite.sample(np_random)
         if "prompt" in options:
             prompt = options["prompt"]
             if not isinstance(prompt, str) or not prompt.strip():
@@ -367,8 +399,14 @@ class MorcaEnv(gym.Env):
             gen_seed = options["seed"]
             if isinstance(gen_seed, bool) or not isinstance(gen_seed, (int, np.integer)) or not 0 <= gen_seed <= MAX_SEED:
                 raise ValueError(f"options['seed']={gen_seed!r} must be an integer in [0, 2**63 - 1]")
-        self.prompt, self.gen_seed = prompt, int(gen_seed)
-        self.target_speedup, self.budget = self._episode_target(options)
+        target_speedup, budget = self._episode_target(options, np_random, int(gen_seed))
+        return EpisodeStart(prompt, int(gen_seed), target_speedup, budget)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._episode_active, self._ended = False, False  # until this reset succeeds
+        super().reset(seed=seed)
+        start = self.plan_episode(self.np_random, options)
+        self.prompt, self.gen_seed, self.target_speedup, self.budget = start
 
         reference = self.references.get_or_create(self._reference_fields(), self._generate_reference)
         self.reference_video = reference.video
@@ -389,7 +427,7 @@ class MorcaEnv(gym.Env):
         which must pickle."""
         return self.denoiser
 
-    def _episode_target(self, options) -> tuple[float | None, int]:
+    def _episode_target(self, options, np_random, gen_seed: int) -> tuple[float | None, int]:
         if "speedup" in options and "budget" in options:
             raise ValueError("reset options take speedup or budget, not both")
         if "budget" in options:
@@ -399,12 +437,12 @@ class MorcaEnv(gym.Env):
             if not _is_number(options["speedup"]):
                 raise ValueError(f"options['speedup']={options['speedup']!r} must be a number")
             rho = self.calibration.with_scheduler_cost(cost).check_speedup(options["speedup"])
-            return rho, self.budget_for_speedup(rho, self.gen_seed, cost)
+            return rho, self.budget_for_speedup(rho, gen_seed, cost)
         if self._budget_default is not None:
             return None, self._budget_default
         spec = self._speedup_spec
-        rho = spec if isinstance(spec, float) else float(self.np_random.uniform(spec[0], spec[1]))
-        return rho, self.budget_for_speedup(rho, self.gen_seed, cost)
+        rho = spec if isinstance(spec, float) else float(np_random.uniform(spec[0], spec[1]))
+        return rho, self.budget_for_speedup(rho, gen_seed, cost)
 
     def budget_for_speedup(self, speedup: float, seed: int, scheduler_cost_s: float = 0.0) -> int:
         """The K an episode with generation seed `seed` runs for a target speedup (this env's rounding):
@@ -414,8 +452,12 @@ class MorcaEnv(gym.Env):
         return calibration.budget_for_speedup(calibration.check_speedup(speedup), dither)
 
     def _reference_fields(self) -> dict:
-        return {"model": self._fingerprint, "config": asdict(self.config), "prompt": self.prompt,
-                "seed": self.gen_seed, "dtype": str(self.dtype), "device": self.device.type}
+        return self.reference_fields(self.prompt, self.gen_seed)
+
+    def reference_fields(self, prompt: str, seed: int) -> dict:
+        """The reference cache's key fields of the no-cache video of (prompt, seed) with this env's model."""
+        return {"model": self._fingerprint, "config": asdict(self.config), "prompt": prompt,
+                "seed": seed, "dtype": str(self.dtype), "device": self.device.type}
 
     def _generate_reference(self) -> tuple[torch.Tensor, float]:
         video = self.denoiser.generate(schedule=None, prompt=self.prompt, seed=self.gen_seed)
@@ -479,7 +521,7 @@ class MorcaEnv(gym.Env):
             terminated = True
             video = to_uint8(self.denoiser.decode())
             self.last_video = video
-            final = video_metrics(video, self.reference_video, self._lpips)
+            final = self.score_video(video, self.reference_video)
             reward = self.terminal_reward(final["psnr"])
             final["latency_s"] = latency = self.denoiser.elapsed_s + self._overhead_s
             final["speedup"] = self.reference_latency / latency
@@ -490,23 +532,10 @@ class MorcaEnv(gym.Env):
 
     def _info(self, step: int = -1, action: int = -1, requested: int = -1, projected: bool = False,
               final: dict | None = None, reference_generated: bool = False) -> dict[str, Any]:
-        """The same keys after reset and after every step, as plain picklable values with no None: tianshou
-        stacks infos into arrays (a missing key or a None becomes NaN and stops it), async vector envs, sb3's
-        SubprocVecEnv and Ray pickle them. What only the end knows (`psnr`, `ssim`, `lpips`, and the timings
-        `latency_s`, `speedup`, `overhead_s`, so check_env's determinism check holds) is 0.0 until the terminal
-        step; `schedule` is the N decisions so far, -1 where not yet made; `step` / `action` /
-        `requested_action` are -1 after reset; `target_speedup` is 0.0 when the episode was set by a budget;
-        `reference_generated` says whether this call generated the reference video (only a reset can)."""
-        schedule = self.schedule + [-1] * (self.num_steps - len(self.schedule))
-        ends = {"psnr": 0.0, "ssim": 0.0, **({"lpips": 0.0} if self._lpips is not None else {}),
-                "latency_s": 0.0, "speedup": 0.0, "overhead_s": 0.0}
-        return {"prompt": self.prompt, "seed": self.gen_seed, "budget": self.budget,
-                "target_speedup": self.target_speedup or 0.0, "num_steps": self.num_steps,
-                "forced_steps": sorted(self.budget_spec.forced), "reference_generated": reference_generated,
-                "step": step, "action": action, "requested_action": requested, "projected": projected,
-                "reuses": self.used, "num_reuse": self.used, "num_projected": self.projected_count,
-                "schedule": schedule, "reference_latency_s": self.reference_latency,
-                **ends, **(final or {})}
+        """This episode's info now (`episode_info`)."""
+        return episode_info(EpisodeStart(self.prompt, self.gen_seed, self.target_speedup, self.budget),
+                            self.budget_spec, self.schedule, self.used, self.projected_count, self.reference_latency,
+                            self._lpips is not None, step, action, requested, projected, final, reference_generated)
 
     def render(self):
         """rgb_array: the middle frame of the last finished video (or of the reference before any)."""
@@ -514,6 +543,16 @@ class MorcaEnv(gym.Env):
         if video is None:
             return None
         return video[video.shape[0] // 2].numpy()
+
+    def score_video(self, video: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+        """A finished uint8 video's `psnr`, `ssim` (and `lpips` where its weights are available) against the
+        reference: what the last step's info reports."""
+        return video_metrics(video, reference, self._lpips)
+
+    @property
+    def scores_lpips(self) -> bool:
+        """Whether `score_video` (and so the final info) includes LPIPS."""
+        return self._lpips is not None
 
     def terminal_reward(self, psnr: float) -> float:
         """The reward of a finished video with this PSNR: min(PSNR, r_max) (every side run scores with this)."""

@@ -47,7 +47,21 @@ def latent_features_no_grad(latents: torch.Tensor) -> LatentFeatures:
     if x.ndim != 5:
         raise ValueError(f"latent must be (C, F, H, W) or (1, C, F, H, W), got shape {tuple(latents.shape)}")
     if x.shape[0] != 1:
-        raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}")
+        raise ValueError(f"latent_features expects batch size 1, got shape {tuple(latents.shape)}; "
+                         "batch_latent_features takes a batch")
+    return _pools_of(x)
+
+
+def batch_latent_features(latents: torch.Tensor) -> LatentFeatures:
+    """phi(x) of each video of a batch (B, C, F, H, W), no autograd: row n equals `latent_features(latents[n:n+1])`
+    (the same pools and reductions, each over its own row)."""
+    if latents.ndim != 5:
+        raise ValueError(f"batch_latent_features expects (B, C, F, H, W), got shape {tuple(latents.shape)}")
+    with torch.no_grad():
+        return _pools_of(latents if latents.dtype == torch.float32 else latents.float())
+
+
+def _pools_of(x: torch.Tensor) -> LatentFeatures:
     (pool3, size3), (pool2, size2) = _feature_pools(x.shape)
     # every pool a 3D pool (the temporal ones over one frame, bitwise the 2D pool): one kind of op fewer per step
     pooled = pool3(x, size3)
@@ -88,6 +102,15 @@ def stack_features(current: LatentFeatures, previous: LatentFeatures, last_recom
         pooled, temporal = pooled.float(), temporal.float()
     shape = pooled.shape
     return pooled.numpy().reshape(shape[1:]), temporal.numpy().reshape(2 * shape[1], *shape[-2:])
+
+
+def stack_batch_features(current: LatentFeatures, previous: LatentFeatures,
+                         last_recompute: LatentFeatures) -> tuple[np.ndarray, np.ndarray]:
+    """`stack_features` of a batch: (B, 3C, 4, 8, 8) and (B, 6C, 8, 8) float32."""
+    trio = (current, previous, last_recompute)
+    pooled = torch.cat([f.pooled for f in trio], dim=1).float().cpu()
+    temporal = torch.cat([f.mean for f in trio] + [f.var for f in trio], dim=1).float().cpu()
+    return pooled.numpy(), temporal.numpy().reshape(temporal.shape[0], temporal.shape[1], *temporal.shape[-2:])
 
 
 def feature_shapes(channels: int) -> dict[str, tuple[int, ...]]:

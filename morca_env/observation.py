@@ -208,3 +208,81 @@ class ObservationBuilder:
             self.last_recompute = step
             self._last = self._current
         self.used += int(action)
+
+
+class BatchObservationBuilder:
+    """`ObservationBuilder` for N videos run in lockstep (`MorcaVectorEnv`): the same z_t per sample, stacked
+    along a first axis, with the features and the SEA filter computed once for the batch. Every sample has its own
+    budget, reuse count, last recompute and distance state; the step, its sigma and the cache's validity are the
+    batch's (every video of a run is at the same step, and step 0 recomputes them all)."""
+
+    def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
+                 latent_features: bool = True, feature_dtype: str = "float32"):
+        from .signals import BatchStepDistanceTracker
+
+        self.spec = spec
+        self.latent_features = bool(latent_features)
+        self.feature_dtype = np.dtype(check_feature_dtype(feature_dtype))
+        self.tracker = BatchStepDistanceTracker(kind=signal_kind, power_exp=power_exp)
+        self.reset([0])
+
+    def reset(self, budgets, enforce_budget: bool = True) -> None:
+        self.budget = np.asarray(budgets, dtype=np.int64)
+        self.enforce_budget = enforce_budget
+        self.used = np.zeros(len(self.budget), dtype=np.int64)
+        self.last_recompute = np.full(len(self.budget), -1)  # -1: none yet
+        self.tracker.reset(len(self.budget))
+        self._current = self._previous = self._last = None
+        self.mask = np.tile(TERMINAL_MASK, (len(self.budget), 1))
+
+    def observe(self, step: int | None, latents: torch.Tensor, signal_input: torch.Tensor | None = None,
+                sigma: float | None = None, cache_valid: bool = False) -> dict[str, np.ndarray]:
+        """The batch's observations before step `step`'s decisions (`step=None`: the terminal ones)."""
+        from .features import batch_latent_features, stack_batch_features
+
+        n, batch = self.spec.num_steps, len(self.budget)
+        current = batch_latent_features(latents) if self.latent_features else None
+        if step is not None:
+            distance = self.tracker.observe(signal_input, sigma)
+            accumulated, index = self.tracker.accumulated, step
+            self.mask = np.stack([self.spec.action_mask(step, int(u), int(k), cache_valid) if self.enforce_budget
+                                  else self.spec.unconstrained_mask(step, cache_valid)
+                                  for u, k in zip(self.used, self.budget)])
+        else:
+            cache_valid, distance, accumulated, index = False, np.zeros(batch), np.zeros(batch), n
+            self.mask = np.tile(TERMINAL_MASK, (batch, 1))
+        if current is None:
+            shapes = feature_shapes(latents.shape[1])
+            pooled, temporal = (np.zeros((batch, *shapes[k]), dtype=self.feature_dtype) for k in ("pooled", "temporal"))
+        else:
+            previous = current if self._previous is None else self._previous
+            last = current if self._last is None else self._last
+            pooled, temporal = stack_batch_features(current, previous, last)
+            if self.feature_dtype != pooled.dtype:
+                pooled, temporal = pooled.astype(self.feature_dtype), temporal.astype(self.feature_dtype)
+        since = np.where(self.last_recompute < 0, 0, index - self.last_recompute)
+        scalars = np.stack([distance, accumulated, np.full(batch, (n - index) / n), since / n, self.used / n,
+                            self.budget / n, np.full(batch, float(cache_valid))], axis=1).astype(np.float32)
+        self._current = current
+        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
+
+    def project(self, actions, step: int, cache_valid: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(executed, projected) per sample: each requested action, or the feasible one in its place."""
+        pairs = [self.spec.project(int(a), step, int(u), int(k), cache_valid, self.enforce_budget)
+                 for a, u, k in zip(actions, self.used, self.budget)]
+        return np.array([a for a, _ in pairs], dtype=np.int64), np.array([p for _, p in pairs], dtype=bool)
+
+    def record(self, step: int, actions: np.ndarray) -> None:
+        """Update every sample's state with its executed action of `step`."""
+        actions = np.asarray(actions)
+        self.tracker.record(actions)
+        recomputed = actions == 0
+        self._previous = self._current
+        if self._current is not None:
+            if self._last is None:  # step 0 recomputes every sample
+                self._last = self._current
+            else:
+                rows = torch.as_tensor(recomputed, device=self._current.pooled.device).view(-1, 1, 1, 1, 1)
+                self._last = type(self._current)(*(torch.where(rows, c, l) for c, l in zip(self._current, self._last)))
+        self.last_recompute = np.where(recomputed, step, self.last_recompute)
+        self.used = self.used + actions.astype(np.int64)

@@ -25,6 +25,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers.models.normalization import FP32LayerNorm
@@ -418,3 +419,45 @@ def head_block(model, cache, branch: str, hidden_states: torch.Tensor, timestep:
         for block in model.blocks[:depth]:
             out = block(out, **arguments)
     return tokens.float(), out.float()
+
+
+class BatchStepDistanceTracker:
+    """`StepDistanceTracker` for a batch of videos run in lockstep (`MorcaVectorEnv`): d_t and D_t per sample.
+
+    The SEA filter runs once on the whole batch (its matrix products act on each sample's own rows), and the
+    distances are summed per sample, so sample n's values equal those of a tracker fed that sample alone up to
+    float32 summation order (tests/envs/test_vector_env.py).
+    """
+
+    def __init__(self, kind: SignalKind = "official", power_exp: float = 3.0):
+        if kind not in SIGNAL_KINDS:
+            raise ValueError(f"signal kind {kind!r} is not one of {SIGNAL_KINDS}")
+        self.kind, self.power_exp = kind, power_exp
+        self.reset(1)
+
+    def reset(self, batch: int) -> None:
+        self.distance = np.zeros(batch)
+        self.accumulated = np.zeros(batch)
+        self._since_recompute = np.zeros(batch)
+        self._previous: torch.Tensor | None = None
+
+    def observe(self, signal_input: torch.Tensor, sigma: float) -> np.ndarray:
+        """d_t of every sample (also kept in `distance`; `accumulated` is D_t), no autograd."""
+        with torch.no_grad():
+            plan = _filter_plan(tuple(signal_input.shape), signal_axes(self.kind), _sea_sigma(sigma),
+                                float(self.power_exp), signal_input.device)
+            filtered = _apply_filter_plan(signal_input.float(), plan).reshape(signal_input.shape[0], -1)
+            if self._previous is None:
+                self.distance = np.zeros(signal_input.shape[0])
+            else:
+                size = filtered.shape[1]
+                differences, magnitudes = torch.stack([(filtered - self._previous).abs().sum(dim=1),
+                                                       self._previous.abs().sum(dim=1)]).double().cpu().numpy()
+                self.distance = differences / size / (magnitudes / size + _EPS)
+        self._previous = filtered
+        self.accumulated = self._since_recompute + self.distance
+        return self.distance
+
+    def record(self, actions) -> None:
+        """The executed actions of the step (one per sample): a recompute (0) starts D_t again."""
+        self._since_recompute = np.where(np.asarray(actions) == 0, 0.0, self.accumulated)

@@ -1,0 +1,254 @@
+"""MorcaVectorEnv: N episodes in one batch play the single env's episodes (gymnasium's seed convention), with
+gymnasium's vector-env API (batched spaces, infos with masks, autoreset modes) and clear errors on bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import morca_env  # noqa: F401  (registers the envs)
+from morca_env.models.tiny_data import vocabulary
+from morca_env.vector import MorcaVectorEnv
+from tests.conftest import make_pipe
+
+# rewards: the batched transformer sums in another order (~1e-6 on the video), and a uint8 level flipped at one
+# of MorcaTinyRandom's 3072 values moves PSNR by ~1e-4 dB; measured worst case over these tests: 2e-4 dB
+REWARD_DB = 1e-3
+KWARGS = {"lpips": False, "num_inference_steps": 8, "speedup": (1.5, 3.0)}
+
+
+def requested_actions(steps: int, num_envs: int, seed: int = 0) -> np.ndarray:
+    """Each sub-env's own action sequence, random and sometimes infeasible (so projection is compared too)."""
+    return np.random.default_rng(seed).integers(0, 2, size=(steps, num_envs))
+
+
+def play_vector(envs, seed, actions, options=None):
+    obs, info = envs.reset(seed=seed, options=options)
+    observations, infos, rewards = [obs], [info], None
+    for step_actions in actions:
+        obs, rewards, terminated, truncated, info = envs.step(step_actions)
+        observations.append(obs)
+        infos.append(info)
+    assert terminated.all() and not truncated.any()
+    return observations, infos, rewards
+
+
+def play_single(env, seed, actions, options=None):
+    obs, info = env.reset(seed=seed, options=options)
+    observations, infos, reward = [obs], [info], None
+    for action in actions:
+        obs, reward, terminated, _, info = env.step(int(action))
+        observations.append(obs)
+        infos.append(info)
+    assert terminated
+    return observations, infos, reward
+
+
+def assert_sub_env_plays_the_single_episode(vector_run, single_run, n):
+    (v_obs, v_infos, v_rewards), (s_obs, s_infos, s_reward) = vector_run, single_run
+    for key in ("prompt", "seed", "budget", "target_speedup", "schedule", "num_reuse", "num_projected"):
+        assert np.array_equal(np.asarray(v_infos[-1][key][n]), np.asarray(s_infos[-1][key])), key
+    for step, (batch, single) in enumerate(zip(v_obs, s_obs)):
+        for key in single:
+            np.testing.assert_allclose(batch[key][n].astype(np.float32), single[key].astype(np.float32),
+                                       rtol=2e-3, atol=1e-4, err_msg=f"{key} at step {step}")
+        assert np.array_equal(batch["action_mask"][n], single["action_mask"]), step
+    assert abs(v_rewards[n] - s_reward) < REWARD_DB and s_reward > 0
+
+
+@pytest.mark.parametrize("obs_kwargs", [
+    {},
+    {"signal": "latent"},
+    {"latent_features": False},
+    {"feature_dtype": "float16"},
+], ids=["default", "latent-signal", "no-latent-features", "float16-features"])
+def test_sub_env_i_plays_the_single_env_episode_of_seed_plus_i_on_wan21(tmp_path, obs_kwargs):
+    kwargs = {**KWARGS, **obs_kwargs, "reference_cache_dir": str(tmp_path)}
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=3, vectorization_mode="vector_entry_point", **kwargs)
+    single = gym.make("MorcaTinyRandom-v0", pipeline=envs.env.pipe, **kwargs)
+    actions = requested_actions(8, 3)
+    vector_run = play_vector(envs, 40, actions)
+    assert len(set(vector_run[1][-1]["prompt"])) > 1 and len({tuple(s) for s in vector_run[1][-1]["schedule"]}) > 1
+    for n in range(3):
+        assert_sub_env_plays_the_single_episode(vector_run, play_single(single, 40 + n, actions[:, n]), n)
+    envs.close()
+    single.close()
+
+
+def test_sub_envs_play_the_single_env_episodes_on_wan22_with_both_experts(tmp_path):
+    pipe = make_pipe("wan22", with_text_encoder=True, with_vae=True, vocabulary=vocabulary())
+    kwargs = dict(pipeline=pipe, num_inference_steps=16, height=32, width=32, num_frames=9, prompts="tiny-train",
+                  lpips=False, reference_cache_dir=str(tmp_path), speedup=(1.5, 2.5))
+    envs = gym.make_vec("MorcaWan22-v0", num_envs=2, **kwargs)  # the default mode is the vector entry point
+    assert isinstance(envs, MorcaVectorEnv)
+    switch = envs.denoiser.expert_switch_step
+    assert switch not in (None, 0, 15)
+    single = gym.make("MorcaWan22-v0", **kwargs)
+    actions = np.ones((16, 2), dtype=np.int64)  # always ask to reuse: the budget and forced steps decide
+    actions[3, 0] = 0
+    vector_run = play_vector(envs, 7, actions)
+    for n in range(2):
+        assert_sub_env_plays_the_single_episode(vector_run, play_single(single, 7 + n, actions[:, n]), n)
+        assert vector_run[1][-1]["schedule"][n][switch] == 0
+    envs.close()
+    single.close()
+
+
+def test_options_per_sub_env_and_shared(tmp_path):
+    envs = MorcaVectorEnv(3, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+    prompts = ["a red circle", "a blue square", "a green diamond"]
+    _, info = envs.reset(options={"prompt": prompts, "seed": np.array([5, 6, 7]), "budget": 2})
+    assert list(info["prompt"]) == prompts and list(info["seed"]) == [5, 6, 7] and list(info["budget"]) == [2] * 3
+    _, info = envs.reset(options=[{"budget": 1}, {"budget": 2}, {"speedup": 2.0}])
+    assert list(info["budget"][:2]) == [1, 2] and info["target_speedup"][2] == 2.0
+    assert envs.action_masks().shape == (3, 2) and envs.action_masks().dtype == bool
+    envs.close()
+
+
+def test_next_step_autoreset_continues_each_sub_envs_generator(tmp_path):
+    kwargs = {**KWARGS, "reference_cache_dir": str(tmp_path)}
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, **kwargs)
+    mode = envs.metadata["autoreset_mode"]
+    assert getattr(mode, "value", mode) == "next_step"
+    actions = requested_actions(8, 2, seed=1)
+    play_vector(envs, 3, actions)
+    obs, rewards, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))  # the autoreset step
+    assert not terminated.any() and (rewards == 0).all() and (obs["scalars"][:, 2] == 1.0).all()
+    assert (info["step"] == -1).all()
+    single = gym.make("MorcaTinyRandom-v0", pipeline=envs.env.pipe, **kwargs)
+    for n in range(2):
+        single.reset(seed=3 + n)
+        _, second = single.reset()  # the single env's next episode: its generator continues
+        assert info["prompt"][n] == second["prompt"] and info["seed"][n] == second["seed"]
+        assert info["budget"][n] == second["budget"]
+    envs.close()
+    single.close()
+
+
+def test_same_step_autoreset_returns_the_new_episode_and_keeps_the_final_ones(tmp_path):
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, autoreset_mode="same_step", reference_cache_dir=str(tmp_path),
+                        **KWARGS)
+    obs, _ = envs.reset(seed=0)
+    for step in range(8):
+        obs, rewards, terminated, _, info = envs.step(obs["action_mask"][:, 1].astype(np.int64))
+    assert terminated.all() and (rewards > 0).all()
+    assert (obs["scalars"][:, 2] == 1.0).all()  # already the new episodes' first observations
+    # as gymnasium's own SyncVectorEnv gives them for a Dict space: dicts of batched arrays, with `_key` masks
+    assert info["_final_obs"].all() and (info["final_obs"]["scalars"][:, 2] == 0.0).all()
+    assert list(np.minimum(info["final_info"]["psnr"], 50.0)) == pytest.approx(list(rewards))  # r_max = 50 dB
+    assert info["final_info"]["_psnr"].all()
+    obs, rewards, terminated, _, _ = envs.step(obs["action_mask"][:, 1].astype(np.int64))
+    assert not terminated.any() and (obs["scalars"][:, 2] < 1.0).all()  # a real step of the new episodes
+    envs.close()
+
+
+def test_disabled_autoreset_asks_for_a_reset(tmp_path):
+    envs = MorcaVectorEnv(2, "tiny-random", autoreset_mode="disabled", reference_cache_dir=str(tmp_path), **KWARGS)
+    play_vector(envs, 0, requested_actions(8, 2))
+    with pytest.raises(RuntimeError, match="call reset"):
+        envs.step(np.zeros(2, dtype=np.int64))
+    envs.reset(seed=0)
+    envs.close()
+
+
+def test_gymnasium_vector_api(tmp_path):
+    """What gymnasium's vector envs promise: batched spaces, seeded determinism, infos with `_key` masks, and its
+    own vector wrappers running on top."""
+    from gymnasium.utils.env_checker import data_equivalence
+    from gymnasium.wrappers.vector import DictInfoToList, RecordEpisodeStatistics
+
+    kwargs = {**KWARGS, "reference_cache_dir": str(tmp_path)}
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, **kwargs)
+    single = gym.make("MorcaTinyRandom-v0", **kwargs)
+    assert envs.single_observation_space == single.observation_space
+    assert envs.single_action_space == single.action_space
+    assert envs.observation_space == gym.vector.utils.batch_space(single.observation_space, 2)
+    first, info = envs.reset(seed=11)
+    again, _ = envs.reset(seed=11)
+    assert data_equivalence(first, again, exact=True)
+    assert first in envs.observation_space and info["_prompt"].all()
+    obs, rewards, terminated, truncated, info = envs.step(envs.action_space.sample())
+    assert obs in envs.observation_space and rewards.shape == (2,) and terminated.dtype == bool
+    assert truncated.shape == (2,) and info["step"].tolist() == [0, 0]
+    single.close()
+    envs.close()
+
+    stats = RecordEpisodeStatistics(gym.make_vec("MorcaTinyRandom-v0", num_envs=2, **kwargs))
+    obs, _ = stats.reset(seed=0)
+    for _ in range(8):
+        obs, rewards, terminated, _, infos = stats.step(obs["action_mask"][:, 1].astype(np.int64))
+    assert terminated.all() and list(infos["episode"]["l"]) == [8, 8]
+    assert list(infos["episode"]["r"]) == pytest.approx(list(rewards))
+    stats.close()
+    as_list = DictInfoToList(gym.make_vec("MorcaTinyRandom-v0", num_envs=2, **kwargs))
+    obs, infos = as_list.reset(seed=0)
+    assert isinstance(infos, list) and len(infos) == 2 and all(set(i) >= {"prompt", "seed", "budget"} for i in infos)
+    as_list.close()
+
+
+def test_sync_vector_env_stays_available(tmp_path):
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, vectorization_mode="sync",
+                        reference_cache_dir=str(tmp_path), **KWARGS)
+    assert isinstance(envs, gym.vector.SyncVectorEnv)
+    envs.close()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d: MorcaVectorEnv(0, "tiny-random", reference_cache_dir=d, **KWARGS), r"num_envs=0 must be an integer >= 1"),
+    (lambda d: MorcaVectorEnv(True, "tiny-random", reference_cache_dir=d, **KWARGS), r"num_envs=True"),
+    (lambda d: MorcaVectorEnv(2.5, "tiny-random", reference_cache_dir=d, **KWARGS), r"num_envs=2.5"),
+    (lambda d: MorcaVectorEnv(2, "tiny-random", autoreset_mode="later", reference_cache_dir=d, **KWARGS),
+     r"autoreset_mode='later'; valid: next_step, same_step, disabled"),
+    (lambda d: MorcaVectorEnv(2, "tiny-random", reference_cache_dir=d, **{**KWARGS, "num_inference_steps": [8, 16]}),
+     r"num_inference_steps=\[8, 16\]: every sub-env .* runs the same num_inference_steps"),
+], ids=["zero", "bool", "float", "autoreset-mode", "mixed-step-counts"])
+def test_bad_construction_is_named(tmp_path, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(str(tmp_path))
+
+
+@pytest.mark.parametrize("reset, message", [
+    (dict(options={"budget": [1, 2, 3]}), r"options\['budget'\] has 3 values for 2 sub-envs; valid: one value for all, or exactly 2"),
+    (dict(options=[{"budget": 1}]), r"options is a list of 1 dicts for 2 sub-envs"),
+    (dict(options={"reset_mask": np.array([True, False])}), r"reset_mask.*reset together; valid: None or 2 True"),
+    (dict(seed=[1, 2, 3]), r"seed=\[1, 2, 3\]; valid: None, an integer .* or a list of 2 seeds"),
+    (dict(options={"budget": [1, 99]}), r"budget K=99 is outside the feasible range \[0, 6\]"),
+], ids=["option-length", "options-list-length", "partial-reset-mask", "seed-list-length", "bad-sub-env-value"])
+def test_bad_reset_is_named(tmp_path, reset, message):
+    envs = MorcaVectorEnv(2, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+    with pytest.raises(ValueError, match=message):
+        envs.reset(**reset)
+    envs.close()
+
+
+def test_bad_actions_and_steps_out_of_order_are_named(tmp_path):
+    envs = MorcaVectorEnv(2, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+    with pytest.raises(RuntimeError, match="call reset"):
+        envs.step(np.zeros(2, dtype=np.int64))
+    envs.reset(seed=0)
+    for bad in ([0, 1, 1], [0, 2], [0.5, 1.0], 1):
+        with pytest.raises(ValueError, match=r"valid: 2 integers, each 0 \(recompute\) or 1 \(reuse\)"):
+            envs.step(bad)
+    envs.close()
+
+
+def test_a_batch_beyond_the_free_memory_is_refused_naming_both(tmp_path, monkeypatch):
+    import morca_env.vector as vector
+
+    monkeypatch.setattr(vector, "free_memory_bytes", lambda device: 3 * 2**20)
+    probe = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+    per_video = vector.batch_memory_bytes(probe.denoiser, 1)
+    probe.close()
+    fits = 3 * 2**20 // per_video
+    assert 1 <= fits < 4096
+    with pytest.raises(ValueError, match=rf"num_envs=4096: a batched step needs about .* GiB on cpu and 0.00 GiB are "
+                                         rf"free; valid here: num_envs <= {fits}"):
+        MorcaVectorEnv(4096, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+
+
+def test_batch_memory_estimate_grows_with_the_batch_and_the_video(tmp_path):
+    from morca_env.vector import batch_memory_bytes
+
+    envs = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
+    one, eight = batch_memory_bytes(envs.denoiser, 1), batch_memory_bytes(envs.denoiser, 8)
+    assert eight == 8 * one > 0
+    envs.close()
