@@ -1,4 +1,4 @@
-"""A CleanRL-style loop on MORCA: a vector env, gymnasium's own flatten, a masked policy gradient in one file.
+"""A CleanRL-style loop on MORCA: the batched vector env, gymnasium's own flatten, a masked policy gradient in one file.
 
     pip install morca-gym
     python examples/cleanrl_reinforce.py                # MorcaTiny-v0, 2000 steps, then the benchmark
@@ -34,8 +34,8 @@ def main(env_id: str = "MorcaTiny-v0", steps: int = 2000, num_envs: int = 2, lr:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     kwargs = benchmark.training_kwargs(env_id, **env_kwargs)  # training prompts, speedups across the targets
-    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                        wrappers=[gym.wrappers.FlattenObservation], **kwargs)
+    # the batched env (one transformer call per step for all sub-envs), flattened by gymnasium's vector wrapper
+    envs = gym.wrappers.vector.FlattenObservation(gym.make_vec(env_id, num_envs=num_envs, **kwargs))
     size = envs.single_observation_space.shape[0]
     net = nn.Sequential(nn.Linear(size, 64), nn.Tanh(), nn.Linear(64, 2))
     optim = torch.optim.Adam(net.parameters(), lr=lr)

@@ -47,6 +47,8 @@ from .workers import WorkerDied, map_on_envs
 log = logging.getLogger(__name__)
 
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
+# episodes a collection worker plays as one batch (`morca collect --num-envs`): benchmarks/bench_vector.py
+DEFAULT_NUM_ENVS = 8
 
 
 # ------------------------------------------------------------------ recipes
@@ -142,10 +144,18 @@ def run_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, 
     """One behaviour episode, relabelled, as arrays ready for an episode file."""
     from .rollout import rollout
 
-    options = policy.episode_options(index) if hasattr(policy, "episode_options") else None
-    trajectory = rollout(env, policy, options=options, seed=recipe.seed + index, record=True)
+    trajectory = rollout(env, policy, options=_episode_options(policy, index), seed=recipe.seed + index, record=True)
+    return episode_record(trajectory, env.unwrapped.budget_spec, recipe)
+
+
+def _episode_options(policy, index: int) -> dict | None:
+    return policy.episode_options(index) if hasattr(policy, "episode_options") else None
+
+
+def episode_record(trajectory, spec: BudgetSpec, recipe: CollectionRecipe) -> dict[str, Any]:
+    """A recorded behaviour trajectory, relabelled, as arrays ready for an episode file."""
     info, actions = trajectory.info, trajectory.actions
-    observations = relabel(trajectory.observations, actions, env.unwrapped.budget_spec)
+    observations = relabel(trajectory.observations, actions, spec)
     dtype = np.float16 if recipe.feature_dtype == "float16" else np.float32
     for key in FEATURE_KEYS:
         observations[key] = observations[key].astype(dtype)
@@ -213,22 +223,45 @@ def collected_episode(recipe_dict: dict, env, index: int) -> tuple[int, dict]:
     return index, run_episode(env, policy, index, recipe)
 
 
+def collected_episodes(recipe_dict: dict, envs, indices: list[int]) -> list[tuple[int, dict]]:
+    """Episodes `indices` of the recipe, played together in a worker's `MorcaVectorEnv` (one per sub-env, each
+    with the seed and behaviour policy it has unbatched; a short last chunk is padded with copies of its last
+    episode, played and dropped)."""
+    from .rollout import rollout_batch
+
+    recipe = CollectionRecipe(**recipe_dict)
+    padded = list(indices) + [indices[-1]] * (envs.num_envs - len(indices))
+    policies = [make_behavior(recipe.behavior, envs.env, seed=recipe.seed + index) for index in padded]
+    trajectories = rollout_batch(envs, policies, seed=[recipe.seed + index for index in padded],
+                                 options=[_episode_options(policy, index) for policy, index in zip(policies, padded)],
+                                 record=True)
+    return [(index, episode_record(trajectory, envs.budget_spec, recipe))
+            for index, trajectory in zip(indices, trajectories)]
+
+
 def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], workers: int, threads: int,
-                 env_overrides: dict, progress: bool, already: int, executor=None) -> None:
-    """The pending episodes on `workers` envs (`map_on_envs`), each written here atomically as it arrives, so a
-    crash or a kill keeps every finished episode and duplicates none."""
+                 env_overrides: dict, progress: bool, already: int, executor=None, num_envs: int = 1) -> None:
+    """The pending episodes on `workers` envs (`map_on_envs`; batches of `num_envs` episodes each in a
+    `MorcaVectorEnv` when > 1), each written here atomically as it arrives, so a crash or a kill keeps every
+    finished episode and duplicates none."""
     from tqdm import tqdm
 
     from .executors import WorkerFailed
 
     kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False}
+    if num_envs == 1:
+        play, jobs = functools.partial(collected_episode, recipe.__dict__), todo
+    else:
+        play = functools.partial(collected_episodes, recipe.__dict__)
+        jobs = [todo[i:i + num_envs] for i in range(0, len(todo), num_envs)]
     with tqdm(total=recipe.num_episodes, initial=already, desc=f"collect {recipe.dataset_id}", unit="episode",
               disable=not progress) as bar:
         try:
-            for index, episode in map_on_envs(functools.partial(collected_episode, recipe.__dict__), todo,
-                                              recipe.env_id, kwargs, workers, threads, executor):
-                write_episode(staging, index, episode)
-                bar.update()
+            for result in map_on_envs(play, jobs, recipe.env_id, kwargs, workers, threads, executor,
+                                      num_envs=num_envs):
+                for index, episode in ([result] if num_envs == 1 else result):
+                    write_episode(staging, index, episode)
+                    bar.update()
         except Exception as error:  # a worker's own error (its traceback is the cause), a dead worker, Ray's
             where = f" on {executor!r}" if executor is not None else ""
             what = str(error) if isinstance(error, (WorkerFailed, WorkerDied)) else f"{type(error).__name__}: {error}"
@@ -264,13 +297,17 @@ def collect_dataset(
     progress: bool = True,
     recipe: CollectionRecipe | None = None,
     executor=None,
+    num_envs: int = 1,
 ):
     """Collect `num_episodes` behaviour episodes of `env_id` into the Minari dataset `dataset_id`.
 
     `env_overrides` are machine-local env kwargs (e.g. `reference_cache_dir`) that
     are not part of the recipe. `executor`: None runs `workers` local processes (one in this
     process when `workers=1`); a `morca_env.executors.RayExecutor` runs them as Ray actors, which
-    return each episode to this process to be written, as the local path does. Returns the
+    return each episode to this process to be written, as the local path does. `num_envs` > 1: each worker plays
+    batches of that many episodes in a `MorcaVectorEnv` (one transformer call per step for the batch; each episode
+    equals its unbatched self up to float32 rounding, so a threshold behaviour may decide a step differently;
+    benchmarks/bench_vector.py measures the gain). Returns the
     `minari.MinariDataset`. One writer per dataset id: a second `collect_dataset` of an id being collected
     fails at once naming the first one's pid (an OS lock), so two runs never mix their episodes.
     """
@@ -280,7 +317,7 @@ def collect_dataset(
                                   behavior=_copy(behavior, {"name": "threshold-curve"}),
                                   seed=seed, feature_dtype=feature_dtype, description=description, author=author,
                                   code_permalink=code_permalink)
-    for name, count in (("workers", workers), ("threads", threads)):
+    for name, count in (("workers", workers), ("threads", threads), ("num_envs", num_envs)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{name}={count!r} must be a positive integer")
     register_envs()
@@ -290,10 +327,11 @@ def collect_dataset(
                          f"{', '.join(k for k in gym.registry if k.startswith('Morca'))}")
     with exclusive_lock(staging_root() / f"{recipe.dataset_id}.lock", f"dataset {recipe.dataset_id!r}"):
         recover_leftovers(recipe.dataset_id)
-        return _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor)
+        return _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor,
+                               num_envs)
 
 
-def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor):
+def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, progress, executor, num_envs):
     """`collect_dataset` while holding the id's lock: nobody else stages, builds or replaces this id."""
     final = minari_root() / recipe.dataset_id
     if (final / "data").exists() and not overwrite:
@@ -324,11 +362,12 @@ def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, 
     t0 = time.perf_counter()
     if todo:
         _run_workers(recipe, staging, todo, workers, threads, dict(env_overrides or {}), progress, len(done),
-                     executor)
+                     executor, num_envs)
     elapsed = time.perf_counter() - t0
     if todo and progress:
-        log.info("collected %d episodes in %.1f s: %.1f episodes/min (%d worker%s%s)", len(todo), elapsed,
-                 60 * len(todo) / elapsed, workers, "s" if workers > 1 else "", " on Ray" if executor is not None else "")
+        log.info("collected %d episodes in %.1f s: %.1f episodes/min (%d worker%s%s, %d episode%s a batch)", len(todo),
+                 elapsed, 60 * len(todo) / elapsed, workers, "s" if workers > 1 else "",
+                 " on Ray" if executor is not None else "", num_envs, "s" if num_envs > 1 else "")
     return build_minari_dataset(recipe, staging, overwrite=overwrite)
 
 

@@ -76,3 +76,60 @@ def rollout(env, policy, options: dict | None = None, seed: int | None = None, r
     return Trajectory(actions=np.asarray(actions, dtype=np.int64), rewards=np.asarray(rewards, dtype=np.float32),
                       info=info, reset_info=reset_info, observations=observations, policy_seconds=policy_time,
                       setup_seconds=setup, requested=requested)
+
+
+def rollout_batch(envs, policies: list, seed: int | list[int] | None = None, options=None,
+                  record: bool = False) -> list[Trajectory]:
+    """Play one episode per sub-env of a `MorcaVectorEnv` in lockstep, sub-env n driven by `policies[n]` (its own
+    scheduler instance): the trajectories `rollout` gives for the single env's episodes of the same seeds, up to
+    float32 rounding (`morca_env.vector`). `seed` and `options` are the vector env's. Run-time rules (those that
+    read `info["run_view"]`) need the single env: here their view raises, naming why."""
+    from .vector import BatchRunView, sub_env_info
+
+    if len(policies) != envs.num_envs:
+        raise ValueError(f"{len(policies)} policies for {envs.num_envs} sub-envs; valid: one per sub-env")
+    for policy in policies:
+        if isinstance(policy, type) or not callable(getattr(policy, "reset", None)):
+            raise TypeError(f"policy={policy!r}: pass scheduler instances with reset(obs, info) and __call__(obs)")
+    obs, infos = envs.reset(seed=seed, options=options)
+    count = envs.num_envs
+    reset_infos = [sub_env_info(infos, n) for n in range(count)]
+    setup = [0.0] * count
+    for n, policy in enumerate(policies):
+        t0 = time.perf_counter()
+        policy.reset(_row(obs, n), {**reset_infos[n], "run_view": BatchRunView()})
+        setup[n] = time.perf_counter() - t0
+    kept = [{k: [v[n]] for k, v in obs.items()} for n in range(count)] if record else None
+    actions, rewards, requested = [], [], []
+    policy_time = [0.0] * count
+    done = False
+    while not done:
+        chosen = []
+        for n, policy in enumerate(policies):
+            t0 = time.perf_counter()
+            chosen.append(policy(_row(obs, n)))
+            policy_time[n] += time.perf_counter() - t0
+        obs, reward, terminated, truncated, infos = envs.step(np.asarray(chosen, dtype=np.int64))
+        if truncated.any():
+            raise RuntimeError("MorcaVectorEnv episodes never truncate; a wrapper truncated these")
+        done = bool(terminated.all())
+        if terminated.any() and not done:
+            raise RuntimeError("the sub-envs of a MorcaVectorEnv end together; these ended apart")
+        requested.append(infos["requested_action"].copy())
+        actions.append(infos["action"].copy())
+        rewards.append(np.asarray(reward, dtype=np.float32))
+        if kept is not None:
+            for n in range(count):
+                for k, v in obs.items():
+                    kept[n][k].append(v[n])
+    actions, rewards, requested = np.stack(actions), np.stack(rewards), np.stack(requested)
+    return [Trajectory(actions=actions[:, n].astype(np.int64), rewards=rewards[:, n], info=sub_env_info(infos, n),
+                       reset_info=reset_infos[n],
+                       observations={k: np.stack(v) for k, v in kept[n].items()} if kept is not None else None,
+                       policy_seconds=policy_time[n], setup_seconds=setup[n],
+                       requested=[int(a) for a in requested[:, n]]) for n in range(count)]
+
+
+def _row(obs: dict, n: int) -> dict:
+    """Sub-env n's observation of a batched one (views, no copies)."""
+    return {k: v[n] for k, v in obs.items()}

@@ -350,3 +350,26 @@ def check_batch_memory(denoiser, batch: int) -> None:
         per_video = max(1, need // batch)
         raise ValueError(f"num_envs={batch}: a batched step needs about {need / 2**30:.2f} GiB on {denoiser.device} "
                          f"and {free / 2**30:.2f} GiB are free; valid here: num_envs <= {max(free // per_video, 0)}")
+
+
+def sub_env_info(infos: dict, n: int) -> dict:
+    """Sub-env n's info out of a vector env's batched infos, as the single env gives it (plain Python values; the
+    `_key` masks dropped)."""
+    out = {}
+    for key, values in infos.items():
+        if key.startswith("_"):
+            continue
+        value = sub_env_info(values, n) if isinstance(values, dict) else values[n]
+        out[key] = value.item() if isinstance(value, np.generic) else value
+    return out
+
+
+class BatchRunView:
+    """The `run_view` a scheduler gets in a `MorcaVectorEnv`: the batch holds N runs, so run-time rules (which read
+    one live run: TeaCache-style probes, FirstBlockCache, DiCache, EasyCache) are refused by name on first use."""
+
+    def _refuse(self, *_):
+        raise RuntimeError("this scheduler reads the live run (a run-time rule), which a MorcaVectorEnv batch does "
+                           "not expose per episode; play it in the single env (num_envs=1)")
+
+    step_input = cache = _refuse

@@ -62,22 +62,26 @@ def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
     return bool(preset.prefers_gpu) and not device.startswith("cpu")
 
 
-def make_worker_env(env_id: str, env_kwargs: dict, threads: int):
-    """A fresh env for a worker, with its torch threads set (importing gymnasium's registry of our envs)."""
+def make_worker_env(env_id: str, env_kwargs: dict, threads: int, num_envs: int = 1):
+    """A fresh env for a worker, with its torch threads set (importing gymnasium's registry of our envs): a
+    `MorcaVectorEnv` of `num_envs` episodes when > 1."""
     import gymnasium as gym
     import torch
 
     register_envs()
     torch.set_num_threads(threads)
-    return gym.make(env_id, **env_kwargs)
+    if num_envs == 1:
+        return gym.make(env_id, **env_kwargs)
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **env_kwargs)
 
 
-def init_env_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None = None) -> None:
+def init_env_worker(env_id: str, env_kwargs: dict, threads: int, parent_pid: int | None = None,
+                    num_envs: int = 1) -> None:
     """Give this process its env (a pool's initializer; `parent_pid`: end with that process)."""
     global _ENV
     if parent_pid is not None:
         exit_with_parent(parent_pid)
-    _ENV = make_worker_env(env_id, env_kwargs, threads)
+    _ENV = make_worker_env(env_id, env_kwargs, threads, num_envs)
 
 
 def worker_env():
@@ -95,16 +99,17 @@ def _call(task):
 class _OnActor:
     """A Ray actor's job runner: its own env, then `function(env, job)` per job."""
 
-    def __init__(self, function: Callable, env_id: str, env_kwargs: dict, threads: int):
-        self.function, self.env = function, make_worker_env(env_id, env_kwargs, threads)
+    def __init__(self, function: Callable, env_id: str, env_kwargs: dict, threads: int, num_envs: int = 1):
+        self.function, self.env = function, make_worker_env(env_id, env_kwargs, threads, num_envs)
 
     def __call__(self, job):
         return self.function(self.env, job)
 
 
 def map_on_envs(function: Callable[[Any, Any], Any], jobs: Iterable, env_id: str, env_kwargs: dict,
-                workers: int = 1, threads: int = 1, executor=None) -> Iterator[Any]:
-    """Yield `function(env, job)` for every job (in completion order when parallel), each worker holding one env.
+                workers: int = 1, threads: int = 1, executor=None, num_envs: int = 1) -> Iterator[Any]:
+    """Yield `function(env, job)` for every job (in completion order when parallel), each worker holding one env
+    (a `MorcaVectorEnv` of `num_envs` episodes when > 1).
 
     `workers == 1`: in this process; else local worker processes; `executor` (a `RayExecutor`): Ray actors,
     one GPU each for a Wan env. A failed job raises here after the results that came before it (Ray:
@@ -119,11 +124,11 @@ def map_on_envs(function: Callable[[Any, Any], Any], jobs: Iterable, env_id: str
         return
     if executor is not None:
         gpus = 1 if needs_gpu(env_id, env_kwargs) else 0
-        for _, result in executor.map_unordered(_OnActor, (function, env_id, env_kwargs, threads), jobs,
+        for _, result in executor.map_unordered(_OnActor, (function, env_id, env_kwargs, threads, num_envs), jobs,
                                                 workers=workers, threads=threads, gpus=gpus):
             yield result
     elif workers == 1 or len(jobs) == 1:
-        env = make_worker_env(env_id, env_kwargs, threads)
+        env = make_worker_env(env_id, env_kwargs, threads, num_envs)
         try:
             for job in jobs:
                 yield function(env, job)
@@ -131,7 +136,8 @@ def map_on_envs(function: Callable[[Any, Any], Any], jobs: Iterable, env_id: str
             env.close()
     else:
         pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context(start_method(threads)),
-                                   initializer=init_env_worker, initargs=(env_id, env_kwargs, threads, os.getpid()))
+                                   initializer=init_env_worker,
+                                   initargs=(env_id, env_kwargs, threads, os.getpid(), num_envs))
         try:
             futures = [pool.submit(_call, (function, job)) for job in jobs]
             for future in as_completed(futures):

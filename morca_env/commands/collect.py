@@ -2,6 +2,7 @@
 
     morca collect datasets/morca/tiny/random-v0.json                 # 1000 MorcaTiny episodes
     morca collect datasets/morca/tiny/random-v0.json --episodes 50 --workers 2
+    morca collect datasets/morca/tiny/random-v0.json --num-envs 1       # unbatched episodes
     morca collect datasets/morca/wan21/random-v0.json --reference-cache-dir /data/refs   # GPU
     morca collect datasets/morca/tiny/random-v0.json --workers 2 --ray          # local Ray runtime
     morca collect datasets/morca/wan21/random-v0.json --workers 8 --ray --ray-address auto  # cluster
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 from morca_env.cli import json_dict, positive_int, show_library_messages
-from morca_env.data import CollectionRecipe, collect_dataset
+from morca_env.data import DEFAULT_NUM_ENVS, CollectionRecipe, collect_dataset
 from morca_env.executors import add_ray_arguments, executor_from_args
 
 
@@ -43,6 +44,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=positive_int, default=1,
                    help="parallel processes (with --ray: Ray actors), one episode stream each")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
+    p.add_argument("--num-envs", type=positive_int, default=DEFAULT_NUM_ENVS,
+                   help="episodes each worker plays as one batch (a MorcaVectorEnv; 1: the single env). Default "
+                        f"{DEFAULT_NUM_ENVS}, from benchmarks/bench_vector.py")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue after the last complete episode (default); --no-resume starts over")
     p.add_argument("--overwrite", action="store_true", help="replace a finished dataset with the same id")
@@ -66,7 +70,8 @@ def main(argv=None) -> int:
     overrides = {"reference_cache_dir": args.reference_cache_dir} if args.reference_cache_dir else {}
     dataset = collect_dataset(recipe.dataset_id, recipe.env_id, recipe.num_episodes, recipe=recipe,
                               resume=args.resume, overwrite=args.overwrite, workers=args.workers,
-                              threads=args.threads, env_overrides=overrides, executor=executor)
+                              threads=args.threads, env_overrides=overrides, executor=executor,
+                              num_envs=args.num_envs)
     print(f"dataset {recipe.dataset_id}: {dataset.total_episodes} episodes, {dataset.total_steps} steps at "
           f"{Path(dataset.storage.data_path)}")
     return 0

@@ -128,6 +128,24 @@ def test_two_workers_give_the_same_episodes(roots):
         assert np.array_equal(a.actions, b.actions) and np.array_equal(a.rewards, b.rewards)
 
 
+def test_batched_collection_gives_the_unbatched_episodes(roots):
+    """num_envs > 1 plays each episode in a MorcaVectorEnv with the seed and behaviour it has unbatched: the same
+    actions, rewards within float32 rounding (a short last batch is padded and its extra episode dropped)."""
+    kwargs = dict(env_kwargs=ENV_KWARGS, behavior={"name": "random"}, progress=False)
+    one = collect_dataset("test/tiny/b1-v0", "MorcaTinyRandom-v0", 5, **kwargs)
+    batched = collect_dataset("test/tiny/b3-v0", "MorcaTinyRandom-v0", 5, num_envs=2, workers=2, **kwargs)
+    assert batched.total_episodes == 5
+    for a, b in zip(one.iterate_episodes(), batched.iterate_episodes()):
+        assert np.array_equal(a.actions, b.actions) and a.id == b.id
+        assert np.allclose(a.rewards, b.rewards, atol=1e-3)
+        for key in a.observations:
+            assert np.allclose(a.observations[key].astype(np.float32), b.observations[key].astype(np.float32),
+                               rtol=2e-3, atol=1e-3), key
+    check_episode_invariants(collect("test/tiny/b-curve-v0", 3, num_envs=3))
+    with pytest.raises(ValueError, match=r"num_envs=0 must be a positive integer"):
+        collect("test/tiny/b0-v0", 3, num_envs=0)
+
+
 KILL_DURING_WRITE = """
 import os, runpy, signal, sys
 import morca_env.data as data
@@ -159,7 +177,7 @@ def test_sigkill_then_resume_gives_exact_episodes_without_duplicates(roots):
                                   "num_episodes": episodes, "env_kwargs": ENV_KWARGS,
                                   "behavior": {"name": "threshold-curve"}}))
     staging = roots / "cache" / "collect" / "test/tiny/kill-v0" / "episodes"
-    command = ["-m", "morca_env.commands", "collect", str(recipe)]
+    command = ["-m", "morca_env.commands", "collect", str(recipe), "--num-envs", "1"]  # bitwise: unbatched
     killed = subprocess.run([sys.executable, "-c", KILL_DURING_WRITE.format(kill_at=kill_at, argv=command)],
                             cwd=roots, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -252,3 +252,74 @@ def test_batch_memory_estimate_grows_with_the_batch_and_the_video(tmp_path):
     one, eight = batch_memory_bytes(envs.denoiser, 1), batch_memory_bytes(envs.denoiser, 8)
     assert eight == 8 * one > 0
     envs.close()
+
+
+class Recorder:
+    """Wraps the sb3 adapter's step_wait: every sub-env's (action feasible under the mask it was shown, projected)."""
+
+    def __init__(self, adapter):
+        self.log, self.adapter, self.step_wait = [], adapter, adapter.step_wait
+        adapter.step_wait = self
+
+    def __call__(self):
+        masks = self.adapter.envs.action_masks()
+        chosen = self.adapter._actions
+        obs, rewards, dones, infos = self.step_wait()
+        self.log += [(bool(masks[n][chosen[n]]), info["projected"]) for n, info in enumerate(infos)]
+        return obs, rewards, dones, infos
+
+
+def test_sb3_ppo_and_maskable_ppo_train_on_the_batched_env(tmp_path):
+    pytest.importorskip("sb3_contrib")  # an extra (`[sb3]`): skipped in the core CI venv
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import PPO
+
+    from morca_env.wrappers import sb3_vec_env
+
+    kwargs = {**KWARGS, "reference_cache_dir": str(tmp_path)}
+    masked = sb3_vec_env(gym.make_vec("MorcaTinyRandom-v0", num_envs=4, **kwargs))
+    record = Recorder(masked)
+    MaskablePPO("MultiInputPolicy", masked, n_steps=24, batch_size=32, n_epochs=1, seed=0, device="cpu").learn(192)
+    assert len(record.log) >= 192 and all(feasible and not projected for feasible, projected in record.log)
+    masked.close()
+
+    plain = sb3_vec_env(gym.make_vec("MorcaTinyRandom-v0", num_envs=4, **kwargs))
+    record = Recorder(plain)
+    PPO("MultiInputPolicy", plain, n_steps=24, batch_size=32, n_epochs=1, seed=0, device="cpu").learn(192)
+    assert any(projected for _, projected in record.log)  # plain PPO asks for infeasible actions; the env projects
+    assert all(projected == (not feasible) for feasible, projected in record.log)
+    plain.close()
+
+
+def test_sb3_adapter_gives_sb3s_episode_ends(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from morca_env.wrappers import sb3_vec_env
+
+    adapter = sb3_vec_env(gym.make_vec("MorcaTinyRandom-v0", num_envs=2, reference_cache_dir=str(tmp_path), **KWARGS))
+    adapter.seed(5)
+    obs = adapter.reset()
+    single = gym.make("MorcaTinyRandom-v0", reference_cache_dir=str(tmp_path), **KWARGS)
+    assert [i["prompt"] for i in adapter.reset_infos] == [single.reset(seed=5 + n)[1]["prompt"] for n in range(2)]
+    assert obs["scalars"].shape == (2, 7)
+    for _ in range(8):
+        obs, rewards, dones, infos = adapter.step(adapter.env_method("action_masks")[0][1] * np.ones(2, dtype=np.int64))
+    assert dones.all() and (rewards > 0).all()
+    assert all(i["terminal_observation"]["scalars"][2] == 0.0 and i["psnr"] > 0 for i in infos)
+    assert (obs["scalars"][:, 2] == 1.0).all()  # already the next episodes
+    with pytest.raises(TypeError, match="sb3_vec_env takes a MorcaVectorEnv"):
+        sb3_vec_env(gym.make("MorcaTinyRandom-v0", reference_cache_dir=str(tmp_path), **KWARGS))
+    adapter.close()
+
+
+def test_a_cleanrl_loop_runs_on_the_batched_env(tmp_path, monkeypatch):
+    import cleanrl_reinforce
+
+    made = []
+    real = gym.make_vec
+    monkeypatch.setattr(gym, "make_vec", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    act = cleanrl_reinforce.main("MorcaTinyRandom-v0", steps=64, num_envs=4, score=False, lpips=False,
+                                 num_inference_steps=8, reference_cache_dir=str(tmp_path))
+    assert len(made) == 1 and isinstance(made[0], MorcaVectorEnv) and made[0].num_envs == 4
+    obs, _ = gym.make("MorcaTinyRandom-v0", lpips=False, num_inference_steps=8, budget=3,
+                      reference_cache_dir=str(tmp_path)).reset(seed=0)
+    assert act(obs) in (0, 1)
