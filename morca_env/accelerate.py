@@ -20,6 +20,13 @@ Rules that read run-time signals get the live call as `info["run_view"]` at rese
 call's initial noise is then drawn here from its `generator` (as the pipeline would
 draw it) and passed as `latents`, so the replays and the call start alike.
 
+Batches (`prompt=[...]`, `prompt_embeds` of several rows, `num_videos_per_prompt > 1`): every video gets its
+own scheduler (a list of one per video, or copies of the one given), its own budget (`speedup` / `budget`:
+one value for all or one per video, in the pipeline's order: each prompt's videos together) and its own
+decisions; the videos that recompute run the blocks as one sub-batch (`ResidualCache.decide`). Video n equals
+a separate call with video n's prompt and generator (pass a list of generators, one per video, as diffusers
+allows), up to float32 rounding. Run-time rules (which read one live run) need one video per call.
+
 Note for MorcaTiny (pixel space, no VAE): `WanPipeline` assumes a 4x temporal
 VAE and turns `num_frames=F` into F + 1 frames when the temporal factor is 1;
 ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
@@ -27,6 +34,7 @@ ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +48,8 @@ from diffusers.hooks.hooks import BaseState, StateManager
 from . import wan_structure
 from .budget import BudgetSpec, SpeedupCalibration
 from .cache import ResidualCache
-from .observation import ObservationBuilder, parse_action
+from .observation import BatchObservationBuilder, ObservationBuilder, parse_action
+from .schedulers.rules.runtime import BatchRunView
 from .signals import SIGNAL_KINDS, official_signal_input
 
 _DECISION_HOOK = "morca_decision"
@@ -49,10 +58,12 @@ _DECISION_HOOK = "morca_decision"
 @dataclass
 class AccelerateResult:
     output: Any  # what the pipeline returned
-    schedule: list[int] = field(default_factory=list)  # executed actions (1 = reuse)
-    budget: int = 0
-    num_projected: int = 0  # scheduler actions that were infeasible and got projected
+    schedule: list[int] = field(default_factory=list)  # executed actions (1 = reuse); video 0's in a batch
+    budget: int = 0  # video 0's in a batch
+    num_projected: int = 0  # scheduler actions that were infeasible and got projected (all videos)
     latency_s: float = 0.0
+    schedules: list[list[int]] = field(default_factory=list)  # every video's executed actions, in batch order
+    budgets: list[int] = field(default_factory=list)  # every video's K
 
 
 class _NoState(BaseState):
@@ -87,19 +98,26 @@ class _DecisionHook(ModelHook):
 
 
 class _Run:
-    def __init__(self, pipe, policy, spec: BudgetSpec, budget: int, signal: str, branches,
-                 target_speedup: float | None = None):
-        self.pipe, self.policy, self.spec, self.budget = pipe, policy, spec, budget
-        self.target_speedup = target_speedup
+    def __init__(self, pipe, policies: list, spec: BudgetSpec, budgets: list[int], signal: str, branches,
+                 target_speedups: list[float | None]):
+        self.pipe, self.policies, self.spec, self.budgets = pipe, policies, spec, budgets
+        self.policy, self.budget = policies[0], budgets[0]
+        self.target_speedups = target_speedups
         self.signal = signal
         self.experts = wan_structure.experts(pipe)
         self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
         for cache in self.caches:
             cache.claim(self)
-        self.builder = ObservationBuilder(spec, signal)
-        self.builder.reset(budget)
+        if len(policies) == 1:  # one video: the env's own builder, bitwise the env's observations
+            self.builder = ObservationBuilder(spec, signal)
+            self.builder.reset(budgets[0])
+        else:
+            self.builder = BatchObservationBuilder(spec, signal)
+            self.builder.reset(budgets)
         self.branches = branches
-        self.result = AccelerateResult(output=None, budget=budget)
+        self.result = AccelerateResult(output=None, budget=budgets[0], budgets=list(budgets),
+                                       schedules=[[] for _ in budgets])
+        self.result.schedule = self.result.schedules[0]
         self.current: tuple | None = None  # (transformer, model input, timestep) of the step being decided
         self.step_experts: dict[int, int] = {}
         self.hooks = []
@@ -115,15 +133,34 @@ class _Run:
         self.current, self.step_experts[step] = (module, hidden, timestep), expert
         valid = cache.is_valid(self.branches())
         signal_input = (official_signal_input(module, hidden, timestep) if self.signal == "official" else hidden)
+        if hidden.shape[0] != len(self.policies):
+            raise RuntimeError(f"the pipeline runs {hidden.shape[0]} videos per transformer call; accelerate counted "
+                               f"{len(self.policies)} from prompt / prompt_embeds and num_videos_per_prompt")
         obs = self.builder.observe(step, hidden, signal_input, sigma, valid)
+        if len(self.policies) == 1:
+            if step == 0:
+                self.policy.reset(obs, self._info(0, self))
+            executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
+            self.builder.record(step, executed)
+            cache.reuse = bool(executed)
+            self.result.schedule.append(executed)
+            self.result.num_projected += int(projected)
+            return
+        rows = [{k: v[n] for k, v in obs.items()} for n in range(len(self.policies))]
         if step == 0:
-            self.policy.reset(obs, {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
-                                    "budget": self.budget, "target_speedup": self.target_speedup, "run_view": self})
-        executed, projected = self.builder.project(parse_action(self.policy(obs)), step, valid)
+            for n, policy in enumerate(self.policies):
+                policy.reset(rows[n], self._info(n, BatchRunView()))
+        requested = [parse_action(policy(row)) for policy, row in zip(self.policies, rows)]
+        executed, projected = self.builder.project(requested, step, valid)
         self.builder.record(step, executed)
-        cache.reuse = bool(executed)
-        self.result.schedule.append(executed)
-        self.result.num_projected += int(projected)
+        cache.decide(executed.astype(bool).tolist())
+        for schedule, action in zip(self.result.schedules, executed):
+            schedule.append(int(action))
+        self.result.num_projected += int(projected.sum())
+
+    def _info(self, n: int, view) -> dict:
+        return {"num_steps": self.spec.num_steps, "forced_steps": sorted(self.spec.forced),
+                "budget": self.budgets[n], "target_speedup": self.target_speedups[n], "run_view": view}
 
     # the RunView of morca_env.schedulers.rules.runtime: what run-time rules read of this call
     def step_input(self, step: int) -> tuple:
@@ -164,16 +201,13 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         call_kwargs = {**call_kwargs, "num_inference_steps": num_steps}
     if signal not in SIGNAL_KINDS:
         raise ValueError(f"signal={signal!r}; valid: {SIGNAL_KINDS}")
-    if isinstance(policy, type):
-        raise TypeError(f"policy={policy.__name__} is a class: pass an instance, e.g. {policy.__name__}(...) or "
-                        "morca_env.make_scheduler(name)")
-    if not (callable(policy) and callable(getattr(policy, "reset", None))):
-        raise TypeError(f"policy={policy!r} must have reset(obs, info) and __call__(obs) -> action, "
-                        "like morca_env.policies or agents.MorcaPolicy")
+    videos = _video_count(call_kwargs)
+    policies = _policies(policy, videos)
     if calibration is not None and not isinstance(calibration, (str, SpeedupCalibration)):
         raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path or "
                         "a SpeedupCalibration")
     spec = wan_structure.budget_spec(pipe, num_steps)
+    speedups = _per_video("speedup", speedup, videos) if speedup is not None else [None] * videos
     if budget is None:
         if calibration is None:
             from .calibration_files import calibration_for_pipeline
@@ -185,15 +219,18 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
             from .calibration_files import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
-        budget = calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(speedup)
-    budget = spec.check_budget(budget)
-    prepare = getattr(policy, "prepare_call", None)
-    if prepare is not None:
-        call_kwargs = _with_latents(pipe, call_kwargs)
-        prepare(_replay_of(pipe, call_kwargs), spec, budget)
+        budgets = [calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(s) for s in speedups]
+    else:
+        budgets = _per_video("budget", budget, videos)
+    budgets = [spec.check_budget(k) for k in budgets]
+    if any(getattr(p, "prepare_call", None) is not None for p in policies):
+        call_kwargs = _with_latents(pipe, call_kwargs, videos)
+        for n, (member, k) in enumerate(zip(policies, budgets)):
+            if getattr(member, "prepare_call", None) is not None:
+                member.prepare_call(_replay_of(pipe, call_kwargs, n, videos), spec, k)
     guidance = call_kwargs.get("guidance_scale", 5.0)
     branches = lambda: wan_structure.branches(guidance)  # noqa: E731
-    run = _Run(pipe, policy, spec, budget, signal, branches, speedup)
+    run = _Run(pipe, policies, spec, budgets, signal, branches, speedups)
     t0 = time.perf_counter()
     try:
         output = pipe(**call_kwargs)
@@ -201,10 +238,54 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         run.close()
     run.result.output = output
     run.result.latency_s = time.perf_counter() - t0
-    if sum(run.result.schedule) != budget or len(run.result.schedule) != num_steps:
-        raise RuntimeError(f"executed {sum(run.result.schedule)} reuses in {len(run.result.schedule)} steps, "
-                           f"expected {budget} in {num_steps}: the pipeline did not run the expected steps")
+    for schedule, k in zip(run.result.schedules, budgets):
+        if sum(schedule) != k or len(schedule) != num_steps:
+            raise RuntimeError(f"executed {sum(schedule)} reuses in {len(schedule)} steps, expected {k} in "
+                               f"{num_steps}: the pipeline did not run the expected steps")
     return run.result
+
+
+def _video_count(call_kwargs: dict) -> int:
+    """Videos the call makes: prompts (or prompt_embeds rows) x num_videos_per_prompt."""
+    per_prompt = call_kwargs.get("num_videos_per_prompt", 1)
+    per_prompt = 1 if per_prompt is None else per_prompt  # diffusers' own default for None
+    if isinstance(per_prompt, bool) or not isinstance(per_prompt, (int, np.integer)) or per_prompt < 1:
+        raise ValueError(f"num_videos_per_prompt={per_prompt!r} must be a positive integer")
+    prompt, embeds = call_kwargs.get("prompt"), call_kwargs.get("prompt_embeds")
+    if isinstance(prompt, (list, tuple)):
+        prompts = len(prompt)
+    elif prompt is None and embeds is not None:
+        prompts = int(embeds.shape[0])
+    else:
+        prompts = 1
+    return prompts * int(per_prompt)
+
+
+def _policies(policy, videos: int) -> list:
+    """One scheduler per video: the list given (one per video), or `policy` and copies of it (a scheduler keeps
+    per-episode state)."""
+    members = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+    for member in members:
+        if isinstance(member, type):
+            raise TypeError(f"policy={member.__name__} is a class: pass an instance, e.g. {member.__name__}(...) or "
+                            "morca_env.make_scheduler(name)")
+        if not (callable(member) and callable(getattr(member, "reset", None))):
+            raise TypeError(f"policy={member!r} must have reset(obs, info) and __call__(obs) -> action, "
+                            "like morca_env.policies or agents.MorcaPolicy")
+    if len(members) == 1:
+        return members + [copy.deepcopy(members[0]) for _ in range(videos - 1)]
+    if len(members) != videos:
+        raise ValueError(f"{len(members)} policies for a call of {videos} videos (prompts x num_videos_per_prompt); "
+                         f"valid: one for all, or {videos}")
+    return members
+
+
+def _per_video(name: str, value, videos: int) -> list:
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * videos
+    if len(values) != videos:
+        raise ValueError(f"{name} has {len(values)} values for a call of {videos} videos (prompts x "
+                         f"num_videos_per_prompt); valid: one for all, or {videos}")
+    return values
 
 
 _PIPELINE_DEFAULTS = {"height": 480, "width": 832, "num_frames": 81, "num_inference_steps": 50,
@@ -217,22 +298,21 @@ def _frames(pipe, num_frames: int) -> int:
     return num_frames if num_frames % temporal == 1 else num_frames // temporal * temporal + 1
 
 
-def _with_latents(pipe, call_kwargs: dict) -> dict:
-    """`call_kwargs` with the initial noise drawn from its generator as WanPipeline draws it (same shape, dtype,
+def _with_latents(pipe, call_kwargs: dict, videos: int = 1) -> dict:
+    """`call_kwargs` with the initial noise drawn from its generator(s) as WanPipeline draws it (same shape, dtype,
     device and generator use), so that replays and the call start from the same latents."""
     if call_kwargs.get("latents") is not None:
         return call_kwargs
-    if call_kwargs.get("num_videos_per_prompt", 1) != 1 or isinstance(call_kwargs.get("prompt"), list):
-        raise ValueError("a policy that replays the call (prepare_call) needs one video of one prompt per call")
     settings = {k: call_kwargs.get(k, v) for k, v in _PIPELINE_DEFAULTS.items()}
-    latents = pipe.prepare_latents(1, wan_structure.experts(pipe)[0].config.in_channels, settings["height"],
+    latents = pipe.prepare_latents(videos, wan_structure.experts(pipe)[0].config.in_channels, settings["height"],
                                    settings["width"], _frames(pipe, settings["num_frames"]), torch.float32,
                                    pipe._execution_device, call_kwargs.get("generator"))
     return dict(call_kwargs, latents=latents)
 
 
-def _replay_of(pipe, call_kwargs: dict):
-    """Free runs of this call: a private denoiser with the call's settings, started from its inputs."""
+def _replay_of(pipe, call_kwargs: dict, video: int = 0, videos: int = 1):
+    """Free runs of video `video` of this call: a private denoiser with the call's settings, started from that
+    video's inputs (its prompt or prompt embeddings, its initial noise)."""
     from .denoiser import DenoiserConfig
     from .schedulers.rules.runtime import Replay
 
@@ -242,4 +322,12 @@ def _replay_of(pipe, call_kwargs: dict):
     config = DenoiserConfig(**settings, **({"negative_prompt": negative} if isinstance(negative, str) else {}))
     start = {k: call_kwargs[k] for k in ("prompt", "prompt_embeds", "negative_prompt_embeds", "latents")
              if call_kwargs.get(k) is not None}
+    if videos > 1:
+        prompt = video // (videos // _video_count({**call_kwargs, "num_videos_per_prompt": 1}))
+        for key in ("prompt_embeds", "negative_prompt_embeds"):
+            if key in start:
+                start[key] = start[key][prompt:prompt + 1]
+        if isinstance(start.get("prompt"), (list, tuple)):
+            start["prompt"] = start["prompt"][prompt]
+        start["latents"] = start["latents"][video:video + 1]
     return Replay(pipe, config, pipe._execution_device, start)

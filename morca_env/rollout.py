@@ -84,7 +84,8 @@ def rollout_batch(envs, policies: list, seed: int | list[int] | None = None, opt
     scheduler instance): the trajectories `rollout` gives for the single env's episodes of the same seeds, up to
     float32 rounding (`morca_env.vector`). `seed` and `options` are the vector env's. Run-time rules (those that
     read `info["run_view"]`) need the single env: here their view raises, naming why."""
-    from .vector import BatchRunView, sub_env_info
+    from .schedulers.rules.runtime import BatchRunView
+    from .vector import sub_env_info
 
     if len(policies) != envs.num_envs:
         raise ValueError(f"{len(policies)} policies for {envs.num_envs} sub-envs; valid: one per sub-env")

@@ -362,14 +362,3 @@ def sub_env_info(infos: dict, n: int) -> dict:
         value = sub_env_info(values, n) if isinstance(values, dict) else values[n]
         out[key] = value.item() if isinstance(value, np.generic) else value
     return out
-
-
-class BatchRunView:
-    """The `run_view` a scheduler gets in a `MorcaVectorEnv`: the batch holds N runs, so run-time rules (which read
-    one live run: TeaCache-style probes, FirstBlockCache, DiCache, EasyCache) are refused by name on first use."""
-
-    def _refuse(self, *_):
-        raise RuntimeError("this scheduler reads the live run (a run-time rule), which a MorcaVectorEnv batch does "
-                           "not expose per episode; play it in the single env (num_envs=1)")
-
-    step_input = cache = _refuse

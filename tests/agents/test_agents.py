@@ -424,3 +424,24 @@ def test_round2_item6_any_fitted_discrete_d3rlpy_algorithm_schedules_through_mor
         assert sum(info["schedule"]) == 3
     with pytest.raises(ValueError, match="has no networks yet"):
         MorcaPolicy(getattr(d3rlpy.algos, config)().create(device="cpu"))
+
+
+def test_a_learned_scheduler_drives_a_batched_accelerate_call_as_separate_calls():
+    """Issue 35: `accelerate` with 4 prompts (and with num_videos_per_prompt=2) equals the separate calls for a
+    learned scheduler too: each video gets its own copy of the policy, its own K and its own decisions."""
+    import morca_env
+    from tests.conftest import make_pipe, prompt_embeds
+    from tests.envs.test_accelerate import assert_videos_equal_separate_calls, batched_call, separate_call
+
+    algo = _scalar_algo(0)
+    pipe = make_pipe("wan21", channels=C, with_text_encoder=False, with_vae=True)
+    embeds, seeds, budgets = [prompt_embeds(seed) for seed in range(4)], [20, 21, 22, 23], [2, 4, 6, 8]
+    batch = morca_env.accelerate(pipe, MorcaPolicy(algo), budget=budgets, **batched_call(pipe, embeds, seeds))
+    separate = [morca_env.accelerate(pipe, MorcaPolicy(algo), budget=k, **separate_call(pipe, e, s))
+                for e, s, k in zip(embeds, seeds, budgets)]
+    assert_videos_equal_separate_calls(batch, separate, budgets)
+    per_prompt = morca_env.accelerate(pipe, MorcaPolicy(algo), budget=[3, 7], num_videos_per_prompt=2,
+                                      **batched_call(pipe, embeds[:1], seeds[:2]))
+    separate = [morca_env.accelerate(pipe, MorcaPolicy(algo), budget=k, **separate_call(pipe, embeds[0], s))
+                for s, k in zip(seeds[:2], (3, 7))]
+    assert_videos_equal_separate_calls(per_prompt, separate, [3, 7])

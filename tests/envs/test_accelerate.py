@@ -132,3 +132,64 @@ def test_round2_item5_the_calibration_follows_the_pipelines_model(monkeypatch):
     tiny_k = load_calibration("tiny", 12, max_budget).budget_for_speedup(2.5)
     assert tiny_k != load_calibration("wan21", 12, max_budget).budget_for_speedup(2.5)
     assert sum(morca_env.accelerate(small, UniformInterval(), speedup=2.5, **call(small)).schedule) == tiny_k
+
+
+def batched_call(pipe, embeds, seeds, **extra):
+    return dict(prompt_embeds=torch.cat([e[0] for e in embeds]), negative_prompt_embeds=torch.cat([e[1] for e in embeds]),
+                generator=[torch.Generator().manual_seed(s) for s in seeds], **{**CALL, **extra})
+
+
+def separate_call(pipe, embeds, seed, **extra):
+    return dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], generator=torch.Generator().manual_seed(seed),
+                **{**CALL, **extra})
+
+
+def assert_videos_equal_separate_calls(batch, separate: list, budgets):
+    for n, one in enumerate(separate):
+        assert batch.schedules[n] == one.schedule and sum(one.schedule) == budgets[n] == batch.budgets[n]
+        torch.testing.assert_close(batch.output.frames[n], one.output.frames[0], rtol=1e-3, atol=1e-4)
+
+
+# (a fixed schedule, a random one, and SeaCache's rule on D_t: per-video schedulers copied from the one given)
+POLICIES = {"uniform": UniformInterval, "random-feasible": lambda: RandomFeasible(3),
+            "seacache-rule": lambda: SeaCacheThreshold(0.2)}
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_batch_of_four_prompts_equals_four_separate_calls(name):
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    embeds, seeds, budgets = [prompt_embeds(seed) for seed in range(4)], [10, 11, 12, 13], [3, 4, 5, 6]
+    batch = morca_env.accelerate(pipe, POLICIES[name](), budget=budgets, **batched_call(pipe, embeds, seeds))
+    separate = [morca_env.accelerate(pipe, POLICIES[name](), budget=k, **separate_call(pipe, e, s))
+                for e, s, k in zip(embeds, seeds, budgets)]
+    assert_videos_equal_separate_calls(batch, separate, budgets)
+    assert len({tuple(s) for s in batch.schedules}) == 4  # each video decided on its own
+    assert batch.schedule == batch.schedules[0] and batch.budget == 3
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_num_videos_per_prompt_equals_separate_calls_with_each_generator(name):
+    pipe = make_pipe("wan22", with_text_encoder=False, with_vae=True)
+    embeds = prompt_embeds(3)
+    batch = morca_env.accelerate(pipe, POLICIES[name](), speedup=[1.5, 2.5], calibration="wan22",
+                                 num_videos_per_prompt=2, guidance_scale_2=3.0, **batched_call(pipe, [embeds], [7, 8]))
+    separate = [morca_env.accelerate(pipe, POLICIES[name](), speedup=s, calibration="wan22", guidance_scale_2=3.0,
+                                     **separate_call(pipe, embeds, seed)) for s, seed in ((1.5, 7), (2.5, 8))]
+    assert batch.budgets[0] < batch.budgets[1]
+    assert_videos_equal_separate_calls(batch, separate, batch.budgets)
+
+
+def test_batched_calls_refuse_bad_counts_and_run_time_rules():
+    from morca_env.schedulers import make
+
+    pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
+    kwargs = batched_call(pipe, [prompt_embeds(0), prompt_embeds(1)], [1, 2])
+    with pytest.raises(ValueError, match=r"budget has 3 values for a call of 2 videos .*valid: one for all, or 2"):
+        morca_env.accelerate(pipe, UniformInterval(), budget=[1, 2, 3], **kwargs)
+    with pytest.raises(ValueError, match=r"3 policies for a call of 2 videos"):
+        morca_env.accelerate(pipe, [UniformInterval()] * 3, budget=2, **kwargs)
+    with pytest.raises(ValueError, match=r"num_videos_per_prompt=0 must be a positive integer"):
+        morca_env.accelerate(pipe, UniformInterval(), budget=2, **{**kwargs, "num_videos_per_prompt": 0})
+    with pytest.raises(RuntimeError, match="reads the live run .* one video at a time"):
+        morca_env.accelerate(pipe, make("first-block-cache", pipe=pipe), budget=2, **kwargs)
+    assert sum(morca_env.accelerate(pipe, [UniformInterval(), RandomFeasible(0)], budget=2, **kwargs).schedules[1]) == 2

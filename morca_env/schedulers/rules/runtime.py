@@ -58,6 +58,18 @@ class RunView(Protocol):
 # A StepwiseDenoiser is a RunView (the env's is `env.unwrapped.run_view`); so is accelerate's run (its info["run_view"]).
 
 
+class BatchRunView:
+    """The `run_view` a scheduler gets where one run holds several videos (`MorcaVectorEnv`, a batched `accelerate`
+    call): run-time rules read one live run, so on first use they are refused by name."""
+
+    def _refuse(self, *_):
+        raise RuntimeError("this scheduler reads the live run (a run-time rule), which a batch of videos does not "
+                           "expose per video; play it one video at a time (MorcaEnv, or accelerate with one video)")
+
+    step_input = cache = _refuse
+    caches = property(_refuse)
+
+
 class HeadSignal:
     """Block 0's output residual (`kind="residual"`) or output (`"output"`) for one branch: `probe(step)` before the
     step runs (the probe pays one block), `observed(step)` after a computed step (what the call computed; equal to
