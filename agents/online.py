@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 from morca_env.io import atomic_path, atomic_write_text
-from morca_env.rollout import rollout as play
+from morca_env.rollout import rollout_many as play_many
+from morca_env.vector import single_env
 
 from .checkpoint import load_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
@@ -64,18 +64,13 @@ class OnlineConfig:
             raise ValueError(f"speedup_range={self.speedup_range!r} must be (low, high) with 1 <= low <= high")
 
 
-def rollout(env, policy, options: dict | None = None, seed: int | None = None):  # pragma: no mutate block (data collection, not learning)
-    """One episode; returns (d3rlpy Episode, final info)."""
-    trajectory = play(env, policy, options=options, seed=seed, record=True)
-    return episode_from_trajectory(trajectory), trajectory.info
-
-
 class OnlineTrainer:
     """Runs the rounds of Algorithm 1(b); resumable from `run_dir`."""
 
     def __init__(self, env, config: OnlineConfig, run_dir: str | Path, offline_algo: DiscreteIQL | None = None,
                  offline_buffer=None, device: str = "cpu", progress: bool = True):
-        self.env = env.unwrapped
+        self.player = env  # where rollouts play: a MorcaEnv, or a MorcaVectorEnv's batches
+        self.env = single_env(env)
         self.config = config
         self.run_dir = Path(run_dir)
         self.progress = progress
@@ -143,16 +138,16 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------ the loop
     def collect(self, count: int) -> tuple[list, list[dict]]:  # pragma: no mutate block (data collection, not learning)
-        policy = MorcaPolicy(self.algo, deterministic=False)
-        episodes, infos = [], []
+        policy = MorcaPolicy(self.algo, deterministic=False)  # keeps no per-episode state: one for every sub-env
         lo, hi = self.config.speedup_range
-        for _ in tqdm(range(count), desc="online rollouts", unit="episode", leave=False, disable=not self.progress):
+        options = []
+        for _ in range(count):
             prompt, seed = self.env.suite.sample(self.rng)
             speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
-            episode, info = rollout(self.env, policy, {"prompt": prompt, "seed": seed, "speedup": speedup})
-            episodes.append(episode)
-            infos.append(info)
-        return episodes, infos
+            options.append({"prompt": prompt, "seed": seed, "speedup": speedup})
+        trajectories = play_many(self.player, [policy] * count, options, record=True,
+                                 progress="online rollouts" if self.progress else None)
+        return [episode_from_trajectory(t) for t in trajectories], [t.info for t in trajectories]
 
     def run(self) -> list[dict]:
         writer = SummaryWriter(str(self.run_dir / "tb"))

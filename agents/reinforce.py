@@ -26,7 +26,8 @@ from .checkpoint import load_torch_state, save_state
 
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
-from morca_env.rollout import rollout
+from morca_env.rollout import rollout_many
+from morca_env.vector import single_env
 from morca_env.schedulers import register
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class ReinforcePolicy:
 
 class Reinforce:
     def __init__(self, env, config: ReinforceConfig, run_dir: str | Path, progress: bool = True):
-        self.env = env.unwrapped
+        self.player = env  # where episodes play: a MorcaEnv, or a MorcaVectorEnv's batches
+        self.env = single_env(env)
         self.config = config
         self.run_dir = Path(run_dir)
         self.progress = progress
@@ -116,14 +118,24 @@ class Reinforce:
         return ReinforcePolicy(self.network, deterministic)
 
     def sample_episode(self):  # pragma: no mutate block (data collection, not learning)
-        policy = ReinforcePolicy(self.network, deterministic=False, seed=int(self.rng.integers(2**31)))
-        prompt, seed = self.env.suite.sample(self.rng)
+        return self.sample_episodes(1)[0]
+
+    def sample_episodes(self, count: int) -> list:  # pragma: no mutate block (data collection, not learning)
+        """`count` episodes of the stochastic policy, (observations, actions, return, info) each: every episode
+        draws its policy seed, prompt, seed and target in turn, then they play (in batches on a MorcaVectorEnv)."""
+        policies, options = [], []
         lo, hi = self.config.speedup_range
-        speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
-        trajectory = rollout(self.env, policy, {"prompt": prompt, "seed": seed, "speedup": speedup}, record=True)
-        n = len(trajectory.actions)
-        observations = {k: v[:n] for k, v in trajectory.observations.items()}
-        return observations, trajectory.schedule, trajectory.reward, trajectory.info
+        for _ in range(count):
+            policies.append(ReinforcePolicy(self.network, deterministic=False, seed=int(self.rng.integers(2**31))))
+            prompt, seed = self.env.suite.sample(self.rng)
+            speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
+            options.append({"prompt": prompt, "seed": seed, "speedup": speedup})
+        episodes = []
+        for trajectory in rollout_many(self.player, policies, options, record=True):
+            n = len(trajectory.actions)
+            observations = {k: v[:n] for k, v in trajectory.observations.items()}
+            episodes.append((observations, trajectory.schedule, trajectory.reward, trajectory.info))
+        return episodes
 
     def loss(self, episodes) -> torch.Tensor:
         """Policy-gradient loss of a batch of (observations, actions, return) over non-forced steps."""
@@ -146,8 +158,8 @@ class Reinforce:
                    disable=not self.progress)
         while self.episodes_done < config.total_episodes:
             batch, psnrs = [], []
-            for _ in range(min(config.episodes_per_update, config.total_episodes - self.episodes_done)):
-                observations, actions, ret, info = self.sample_episode()
+            for observations, actions, ret, info in self.sample_episodes(
+                    min(config.episodes_per_update, config.total_episodes - self.episodes_done)):
                 batch.append((observations, actions, ret))
                 psnrs.append(min(info["psnr"], 100.0))
                 self.episodes_done += 1

@@ -95,8 +95,13 @@ def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.A
 
 
 def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny-v0") -> None:
-    """--env, --env-kwargs and --prompts of a trainer that plays episodes (see `training_env_kwargs`)."""
+    """--env, --env-kwargs, --prompts and --num-envs of a trainer that plays episodes (see `make_training_env`)."""
+    from .workers import DEFAULT_NUM_ENVS
+
     p.add_argument("--env", default=env)
+    p.add_argument("--num-envs", type=positive_int, default=DEFAULT_NUM_ENVS,
+                   help="episodes played as one batch (a MorcaVectorEnv; 1: the single env); default "
+                        f"{DEFAULT_NUM_ENVS}, from benchmarks/bench_vector.py")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
     p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
                                      "dataset's prompts, whose references are cached)")
@@ -109,6 +114,19 @@ def training_env_kwargs(args) -> dict:
     if prompts:
         kwargs["prompts"] = prompts
     return kwargs
+
+
+def make_training_env(args):
+    """The env a trainer plays its episodes in: a `MorcaVectorEnv` of --num-envs episodes (1: the single env)."""
+    import gymnasium as gym
+
+    from .registration import register_envs
+
+    register_envs()
+    kwargs = training_env_kwargs(args)
+    if args.num_envs == 1:
+        return gym.make(args.env, **kwargs)
+    return gym.make_vec(args.env, num_envs=args.num_envs, vectorization_mode="vector_entry_point", **kwargs)
 
 
 def add_run_arguments(p: argparse.ArgumentParser, run_dir: str, resume: str = "continue the run in --run-dir",
@@ -130,7 +148,7 @@ def refuse_to_overwrite(run_dir: Path, marker: str, resume: bool) -> None:
 
 
 # what a resumed run may change: how long it runs and where, not what it computes
-RESUMABLE_CHANGES = frozenset({"resume", "threads", "device", "epochs", "rounds", "run_dir"})
+RESUMABLE_CHANGES = frozenset({"resume", "threads", "device", "epochs", "rounds", "run_dir", "num_envs"})
 
 
 def check_run_arguments(run_dir: Path, args: argparse.Namespace, may_change=RESUMABLE_CHANGES) -> None:

@@ -47,8 +47,6 @@ from .workers import WorkerDied, map_on_envs
 log = logging.getLogger(__name__)
 
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
-# episodes a collection worker plays as one batch (`morca collect --num-envs`): benchmarks/bench_vector.py
-DEFAULT_NUM_ENVS = 8
 
 
 # ------------------------------------------------------------------ recipes
@@ -225,16 +223,13 @@ def collected_episode(recipe_dict: dict, env, index: int) -> tuple[int, dict]:
 
 def collected_episodes(recipe_dict: dict, envs, indices: list[int]) -> list[tuple[int, dict]]:
     """Episodes `indices` of the recipe, played together in a worker's `MorcaVectorEnv` (one per sub-env, each
-    with the seed and behaviour policy it has unbatched; a short last chunk is padded with copies of its last
-    episode, played and dropped)."""
-    from .rollout import rollout_batch
+    with the seed and behaviour policy it has unbatched)."""
+    from .rollout import rollout_many
 
     recipe = CollectionRecipe(**recipe_dict)
-    padded = list(indices) + [indices[-1]] * (envs.num_envs - len(indices))
-    policies = [make_behavior(recipe.behavior, envs.env, seed=recipe.seed + index) for index in padded]
-    trajectories = rollout_batch(envs, policies, seed=[recipe.seed + index for index in padded],
-                                 options=[_episode_options(policy, index) for policy, index in zip(policies, padded)],
-                                 record=True)
+    policies = [make_behavior(recipe.behavior, envs.env, seed=recipe.seed + index) for index in indices]
+    trajectories = rollout_many(envs, policies, [_episode_options(p, i) for p, i in zip(policies, indices)],
+                                seeds=[recipe.seed + index for index in indices], record=True)
     return [(index, episode_record(trajectory, envs.budget_spec, recipe))
             for index, trajectory in zip(indices, trajectories)]
 

@@ -134,3 +134,30 @@ def rollout_batch(envs, policies: list, seed: int | list[int] | None = None, opt
 def _row(obs: dict, n: int) -> dict:
     """Sub-env n's observation of a batched one (views, no copies)."""
     return {k: v[n] for k, v in obs.items()}
+
+
+def rollout_many(env, policies: list, options: list, seeds: list | None = None, record: bool = False,
+                 progress: str | None = None) -> list[Trajectory]:
+    """Episode i with `policies[i]`, `options[i]` (and `seeds[i]`), for every i: one at a time through `rollout`
+    in a single env, or `num_envs` at a time through `rollout_batch` in a `MorcaVectorEnv` (a short last batch is
+    padded with copies of its last episode, played and dropped). `progress`: a tqdm bar's label, or None."""
+    from tqdm.auto import tqdm
+
+    seeds = list(seeds) if seeds is not None else [None] * len(policies)
+    if not len(policies) == len(options) == len(seeds):
+        raise ValueError(f"{len(policies)} policies, {len(options)} options and {len(seeds)} seeds: one each per episode")
+    size = getattr(env, "num_envs", 1) if hasattr(env, "action_masks") and hasattr(env, "num_envs") else 1
+    trajectories: list[Trajectory] = []
+    with tqdm(total=len(policies), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
+        for start in range(0, len(policies), size):
+            chunk = range(start, min(start + size, len(policies)))
+            if size == 1:
+                trajectories.append(rollout(env, policies[start], options[start], seeds[start], record))
+            else:
+                padded = list(chunk) + [chunk[-1]] * (size - len(chunk))
+                played = rollout_batch(env, [policies[i] for i in padded], [seeds[i] for i in padded]
+                                       if any(s is not None for s in seeds) else None,
+                                       [options[i] for i in padded], record)
+                trajectories += played[:len(chunk)]
+            bar.update(len(chunk))
+    return trajectories

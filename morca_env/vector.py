@@ -362,3 +362,10 @@ def sub_env_info(infos: dict, n: int) -> dict:
         value = sub_env_info(values, n) if isinstance(values, dict) else values[n]
         out[key] = value.item() if isinstance(value, np.generic) else value
     return out
+
+
+def single_env(env) -> MorcaEnv:
+    """The `MorcaEnv` behind `env`: the env itself (unwrapped), or the one whose settings every sub-env of a
+    `MorcaVectorEnv` runs with (its suite, calibration, step count, preset)."""
+    base = env.unwrapped
+    return base.env if isinstance(base, MorcaVectorEnv) else base

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
-import gymnasium as gym
 import minari
 
 import morca_env  # noqa: F401
@@ -28,9 +27,10 @@ from agents.online import OnlineConfig, OnlineTrainer
 from agents.training import FINAL
 from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, record_run_arguments,
                            refuse_to_overwrite,
-                           show_library_messages, training_env_kwargs)
+                           show_library_messages, make_training_env)
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.threads import configure_threads
+from morca_env.vector import single_env
 
 
 def parse_args(argv=None):
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     configure_threads(args.threads)
     d3rlpy.seed(args.seed)
     refuse_to_overwrite(args.run_dir, "latest.json", args.resume)
-    env = gym.make(args.env, **training_env_kwargs(args))
+    env = make_training_env(args)
     try:
         offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
     except (CheckpointError, OSError) as error:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                           warmup_epochs=args.warmup_epochs, joint_epochs=args.joint_epochs,
                           actor_learning_rate=args.actor_lr, critic_learning_rate=args.critic_lr,
                           weight_temp=args.beta, max_weight=args.w_max, batch_size=args.batch_size,
-                          speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range),
+                          speedup_range=tuple(args.speedup_range or single_env(env).preset.speedup_range),
                           max_steps_per_epoch=args.max_steps_per_epoch, n_step=args.n_step, features=args.features,
                           seed=args.seed)
     record_run_arguments(args.run_dir, args)

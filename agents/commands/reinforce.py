@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-import gymnasium as gym
 
 import morca_env  # noqa: F401
 from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, refuse_to_overwrite,
-                           show_library_messages, training_env_kwargs)
+                           show_library_messages, make_training_env)
 from morca_env.threads import configure_threads
+from morca_env.vector import single_env
 from agents.reinforce import Reinforce, ReinforceConfig
 
 
@@ -35,10 +35,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     configure_threads(args.threads)
     refuse_to_overwrite(args.run_dir, "reinforce.safetensors", args.resume)
-    env = gym.make(args.env, **training_env_kwargs(args))
+    env = make_training_env(args)
     config = ReinforceConfig(learning_rate=args.lr, episodes_per_update=args.episodes_per_update,
                              total_episodes=args.episodes, features=args.features,
-                             speedup_range=tuple(args.speedup_range or env.unwrapped.preset.speedup_range), seed=args.seed)
+                             speedup_range=tuple(args.speedup_range or single_env(env).preset.speedup_range), seed=args.seed)
     trainer = Reinforce(env, config, args.run_dir)
     history = trainer.train()
     print(f"saved {trainer.checkpoint_path}; last rollout PSNR {history[-1]['rollout_psnr']:.2f} dB")

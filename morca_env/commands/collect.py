@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from morca_env.cli import json_dict, positive_int, show_library_messages
-from morca_env.data import DEFAULT_NUM_ENVS, CollectionRecipe, collect_dataset
+from morca_env.data import CollectionRecipe, collect_dataset
 from morca_env.executors import add_ray_arguments, executor_from_args
+from morca_env.workers import DEFAULT_NUM_ENVS
 
 
 def recipe_file(text: str) -> Path:

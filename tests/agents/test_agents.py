@@ -445,3 +445,32 @@ def test_a_learned_scheduler_drives_a_batched_accelerate_call_as_separate_calls(
     separate = [morca_env.accelerate(pipe, MorcaPolicy(algo), budget=k, **separate_call(pipe, embeds[0], s))
                 for s, k in zip(seeds[:2], (3, 7))]
     assert_videos_equal_separate_calls(per_prompt, separate, [3, 7])
+
+
+def test_online_and_reinforce_rollouts_play_in_batches_of_the_same_episodes(tmp_path):
+    """On a MorcaVectorEnv the trainers draw the same (prompt, seed, target) per episode as on the single env and
+    play them num_envs at a time (a short last batch padded and dropped); every episode keeps its exact K."""
+    import gymnasium as gym
+
+    import morca_env  # noqa: F401
+    from agents.online import OnlineConfig, OnlineTrainer
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    kwargs = dict(num_inference_steps=8, lpips=False, reference_cache_dir=str(tmp_path / "r"))
+    single = gym.make("MorcaTinyRandom-v0", **kwargs)
+    batched = gym.make_vec("MorcaTinyRandom-v0", num_envs=3, **kwargs)
+    config = OnlineConfig(rounds=1, trajectories_per_round=4, batch_size=8, speedup_range=(1.5, 2.5))
+    plans = []
+    for env, name in ((single, "single"), (batched, "batched")):
+        episodes, infos = OnlineTrainer(env, config, tmp_path / name, progress=False).collect(4)
+        assert len(episodes) == 4 and all(sum(i["schedule"]) == i["budget"] for i in infos)
+        assert all(len(e.actions) == 8 for e in episodes)
+        plans.append([(i["prompt"], i["seed"], i["budget"]) for i in infos])
+    assert plans[0] == plans[1]
+    sampled = []
+    for env, name in ((single, "single-r"), (batched, "batched-r")):
+        trainer = Reinforce(env, ReinforceConfig(speedup_range=(1.5, 2.5)), tmp_path / name, progress=False)
+        episodes = trainer.sample_episodes(5)
+        assert all(sum(actions) == info["budget"] for _, actions, _, info in episodes)
+        sampled.append([(info["prompt"], info["seed"], info["budget"]) for *_, info in episodes])
+    assert sampled[0] == sampled[1]
