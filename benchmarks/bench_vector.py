@@ -120,7 +120,9 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--collect", type=int, default=64, help="episodes per collection run (0: skip collection)")
+    p.add_argument("--device", default="cpu", help="the env's device (cuda on a GPU machine; collection stays CPU)")
     args = p.parse_args()
+    ENV_KWARGS["device"] = args.device
     bench_envs(args)
     if args.collect:
         bench_collection(args)

@@ -25,6 +25,12 @@ latency, the overhead share, the latency-vs-K line (least squares, with its
 residual) and the speedup ceiling it implies at the largest feasible K.
 Numbers from random weights time the same kernels as the real model (same shapes,
 dtypes and code); the videos and PSNRs are meaningless.
+
+`--batches 1 2 4`: then `MorcaVectorEnv` batches of those sizes on the same pipeline (`gym.make_vec`: one
+transformer call per CFG branch and step for the batch, uniform schedules at the middle K), one batch of
+episodes after a warm-up batch each: videos per second, their ratio to the batch of one, and the peak
+device memory per video (CUDA). `python benchmarks/bench_vector.py --device cuda` measures MorcaTiny's batches,
+where a GPU is latency-bound and batching pays most.
 """
 
 from __future__ import annotations
@@ -175,7 +181,38 @@ def run(args) -> dict | None:
           "episode (mean over K)")
     print(f"latency vs K: {intercept:.3f} s {slope:+.4f} s per reuse (max residual {residual:.3f} s); "
           f"ceiling at K={kmax}: {result['ceiling_speedup']:.2f}x")
+    if args.batches:
+        result["batches"] = run_batches(pipe, size, steps, refs, args.batches, kmax // 2, device)
     return result
+
+
+def run_batches(pipe, size: dict, steps: int, refs: str, batches: list[int], budget: int, device: str) -> list[dict]:
+    """Videos/s and peak memory per video of MorcaVectorEnv batches of `batches` sizes at K = `budget`."""
+    import gymnasium as gym
+
+    from morca_env.rollout import rollout_batch
+    from morca_env.schedulers.fixed import UniformInterval
+
+    rows = []
+    print(f"\nbatched episodes (MorcaVectorEnv), uniform schedules at K={budget}:")
+    for n in batches:
+        envs = gym.make_vec("MorcaWan21-v0", num_envs=n, pipeline=pipe, budget=budget, num_inference_steps=steps,
+                            prompts=[PROMPT], lpips=False, reference_cache_dir=refs, **size)
+        rollout_batch(envs, [UniformInterval() for _ in range(n)], seed=1000)  # warm-up: references, stock timing
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        rollout_batch(envs, [UniformInterval() for _ in range(n)], seed=2000)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() / n / 2**30 if device == "cuda" else float("nan")
+        rows.append({"num_envs": n, "videos_per_s": n / seconds, "seconds": seconds, "peak_gib_per_video": peak})
+        envs.close()
+        print(f"N={n:3d}: {rows[-1]['videos_per_s']:.3f} videos/s ({rows[-1]['videos_per_s'] / rows[0]['videos_per_s']:.2f}x "
+              f"N={rows[0]['num_envs']}), peak {peak:.2f} GiB per video", flush=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -188,7 +225,11 @@ def main(argv=None) -> int:
                    help="transformer dtype on CUDA")
     p.add_argument("--reference-cache-dir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    p.add_argument("--batches", type=int, nargs="+", default=None,
+                   help="also time MorcaVectorEnv batches of these sizes (gym.make_vec), e.g. 1 2 4")
     args = p.parse_args(argv)
+    if args.batches and min(args.batches) < 1:
+        p.error(f"--batches {args.batches}: valid: integers >= 1")
     if args.steps is not None and args.steps < 3:
         p.error(f"--steps {args.steps}: valid: an integer >= 3 (the first and last steps are forced)")
     torch.set_num_threads(1 if args.tiny else torch.get_num_threads())

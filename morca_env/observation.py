@@ -14,8 +14,9 @@ import torch
 from gymnasium import spaces
 
 from .budget import BudgetSpec
-from .features import feature_shapes, latent_features_no_grad, stack_features
-from .signals import StepDistanceTracker
+from .features import (batch_latent_features, feature_shapes, latent_features_no_grad, stack_batch_features,
+                       stack_features)
+from .signals import BatchStepDistanceTracker, StepDistanceTracker
 
 # ----------------------------------------------------------------- the layout (its one home)
 OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")  # order of the tuple form (d3rlpy, networks)
@@ -218,8 +219,6 @@ class BatchObservationBuilder:
 
     def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
                  latent_features: bool = True, feature_dtype: str = "float32"):
-        from .signals import BatchStepDistanceTracker
-
         self.spec = spec
         self.latent_features = bool(latent_features)
         self.feature_dtype = np.dtype(check_feature_dtype(feature_dtype))
@@ -238,8 +237,6 @@ class BatchObservationBuilder:
     def observe(self, step: int | None, latents: torch.Tensor, signal_input: torch.Tensor | None = None,
                 sigma: float | None = None, cache_valid: bool = False) -> dict[str, np.ndarray]:
         """The batch's observations before step `step`'s decisions (`step=None`: the terminal ones)."""
-        from .features import batch_latent_features, stack_batch_features
-
         n, batch = self.spec.num_steps, len(self.budget)
         current = batch_latent_features(latents) if self.latent_features else None
         if step is not None:

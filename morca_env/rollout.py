@@ -11,6 +11,7 @@ which is what evaluation and search need.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,7 +156,10 @@ def rollout_many(env, policies: list, options: list, seeds: list | None = None, 
                 trajectories.append(rollout(env, policies[start], options[start], seeds[start], record))
             else:
                 padded = list(chunk) + [chunk[-1]] * (size - len(chunk))
-                played = rollout_batch(env, [policies[i] for i in padded], [seeds[i] for i in padded]
+                # a padding episode gets its own copy of the policy: a shared one would draw from its random state
+                # between the real episode's steps
+                members = [policies[i] if k < len(chunk) else copy.deepcopy(policies[i]) for k, i in enumerate(padded)]
+                played = rollout_batch(env, members, [seeds[i] for i in padded]
                                        if any(s is not None for s in seeds) else None,
                                        [options[i] for i in padded], record)
                 trajectories += played[:len(chunk)]

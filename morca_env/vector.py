@@ -30,10 +30,13 @@ _SHARED_SETTINGS = ("num_inference_steps", "height", "width", "num_frames", "gui
 
 
 def _mode(value) -> str:
-    name = getattr(value, "value", value)
-    if name not in AUTORESET_MODES:
+    """One of AUTORESET_MODES from ours, gymnasium's `AutoresetMode` or its values ("NextStep", ...)."""
+    name = getattr(value, "name", value)
+    key = name.replace("_", "").lower() if isinstance(name, str) else None
+    found = {mode.replace("_", ""): mode for mode in AUTORESET_MODES}.get(key)
+    if found is None:
         raise ValueError(f"autoreset_mode={value!r}; valid: {', '.join(AUTORESET_MODES)}")
-    return name
+    return found
 
 
 class MorcaVectorEnv(gym.vector.VectorEnv):
@@ -97,7 +100,9 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"{key}={value!r}: every sub-env of a MorcaVectorEnv runs the same {key} (their "
                                  "episodes run in lockstep); pass one value, or one vector env per setting. What "
                                  "may differ per sub-env goes in reset options: prompt, seed, speedup, budget")
-        env_kwargs.pop("render_mode", None)
+        if env_kwargs.pop("render_mode", None) is not None:
+            raise ValueError("render_mode: a MorcaVectorEnv does not render; valid: None (render a single MorcaEnv, "
+                             "or read info['schedule'] and the videos of `accelerate`)")
         self.num_envs = int(num_envs)
         self.env = MorcaEnv(model, **env_kwargs)  # the settings, checks, references and scoring of every sub-env
         try:
@@ -108,7 +113,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
 
     def _setup(self) -> None:
         env = self.env
-        self.metadata = {**type(self).metadata, "autoreset_mode": (AutoresetMode(self.autoreset_mode)
+        self.metadata = {**type(self).metadata, "autoreset_mode": (AutoresetMode[self.autoreset_mode.upper()]
                                                                    if AutoresetMode else self.autoreset_mode)}
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
@@ -350,6 +355,13 @@ def check_batch_memory(denoiser, batch: int) -> None:
         per_video = max(1, need // batch)
         raise ValueError(f"num_envs={batch}: a batched step needs about {need / 2**30:.2f} GiB on {denoiser.device} "
                          f"and {free / 2**30:.2f} GiB are free; valid here: num_envs <= {max(free // per_video, 0)}")
+
+
+def final_observation(infos: dict, n: int) -> dict:
+    """Sub-env n's last observation out of a `same_step` autoreset's infos, in either of gymnasium's layouts (1.0:
+    a dict of batched arrays; >= 1.1: an object array of per-sub-env observations)."""
+    last = infos["final_obs"]
+    return {k: v[n] for k, v in last.items()} if isinstance(last, dict) else last[n]
 
 
 def sub_env_info(infos: dict, n: int) -> dict:

@@ -49,7 +49,7 @@ def sb3_vec_env(envs):
 def _sb3_adapter():
     from stable_baselines3.common.vec_env import VecEnv
 
-    from .vector import sub_env_info
+    from .vector import final_observation, sub_env_info
 
     global _SB3_ADAPTER
     if _SB3_ADAPTER is not None:
@@ -83,8 +83,8 @@ def _sb3_adapter():
                 for n, info in enumerate(listed):
                     for key in ("final_obs", "final_info"):  # same_step autoreset's; sb3 has its own key
                         info.pop(key, None)
-                    last = infos["final_obs"] if "final_obs" in infos else obs
-                    info["terminal_observation"] = {k: np.array(v[n]) for k, v in last.items()}
+                    last = final_observation(infos, n) if "final_obs" in infos else {k: v[n] for k, v in obs.items()}
+                    info["terminal_observation"] = {k: np.array(v) for k, v in last.items()}
                     info["TimeLimit.truncated"] = bool(truncated[n] and not terminated[n])
                 if "final_obs" not in infos:  # next_step / disabled autoreset: reset here
                     obs, reset = self.envs.reset()

@@ -85,3 +85,31 @@ def test_text_encoder_path_matches_pipeline():
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         DenoiserConfig(**{field: value})
+
+
+def test_a_batch_starts_each_video_as_its_own_start_and_takes_one_decision_per_video():
+    from morca_env.models.random_wan import build_tiny_wan_pipeline
+
+    pipe = build_tiny_wan_pipeline("wan21", with_vae=True, vocabulary=["red", "blue", "ball"])
+    config = DenoiserConfig(num_inference_steps=6, height=32, width=32, num_frames=9)
+    den = StepwiseDenoiser(pipe, config)
+    singles = []
+    for prompt, seed in (("a red ball", 3), ("a blue ball", 4)):
+        latents = den.start(prompt=prompt, seed=seed).clone()
+        singles.append((latents, den.prompt_embeds.clone()))
+    batch = den.start_batch(["a red ball", "a blue ball"], [3, 4])
+    assert den.batch_size == 2
+    for n, (latents, embeds) in enumerate(singles):  # bitwise: each encoded and drawn on its own
+        assert torch.equal(batch[n:n + 1], latents) and torch.equal(den.prompt_embeds[n:n + 1], embeds)
+    den.step(reuse=[False, False])
+    with pytest.raises(ValueError, match="3 decisions for a batch of 2 videos"):
+        den.step(reuse=[True, False, True])
+    den.step(reuse=[True, False])
+    while not den.done:
+        den.step(reuse=False)
+    assert den.decode_batch().shape == (2, 9, 32, 32, 3)
+    with pytest.raises(RuntimeError, match="call decode_batch"):
+        den.decode()
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        den.start_batch(["a red ball"], [1, 2])
+    den.close()

@@ -7,7 +7,7 @@ import pytest
 
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.models.tiny_data import vocabulary
-from morca_env.vector import MorcaVectorEnv
+from morca_env.vector import MorcaVectorEnv, final_observation
 from tests.conftest import make_pipe
 
 # rewards: the batched transformer sums in another order (~1e-6 on the video), and a uint8 level flipped at one
@@ -55,12 +55,15 @@ def assert_sub_env_plays_the_single_episode(vector_run, single_run, n):
     assert abs(v_rewards[n] - s_reward) < REWARD_DB and s_reward > 0
 
 
-@pytest.mark.parametrize("obs_kwargs", [
+OBSERVATION_OPTIONS = pytest.mark.parametrize("obs_kwargs", [
     {},
     {"signal": "latent"},
     {"latent_features": False},
     {"feature_dtype": "float16"},
 ], ids=["default", "latent-signal", "no-latent-features", "float16-features"])
+
+
+@OBSERVATION_OPTIONS
 def test_sub_env_i_plays_the_single_env_episode_of_seed_plus_i_on_wan21(tmp_path, obs_kwargs):
     kwargs = {**KWARGS, **obs_kwargs, "reference_cache_dir": str(tmp_path)}
     envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=3, vectorization_mode="vector_entry_point", **kwargs)
@@ -74,10 +77,11 @@ def test_sub_env_i_plays_the_single_env_episode_of_seed_plus_i_on_wan21(tmp_path
     single.close()
 
 
-def test_sub_envs_play_the_single_env_episodes_on_wan22_with_both_experts(tmp_path):
+@OBSERVATION_OPTIONS
+def test_sub_envs_play_the_single_env_episodes_on_wan22_with_both_experts(tmp_path, obs_kwargs):
     pipe = make_pipe("wan22", with_text_encoder=True, with_vae=True, vocabulary=vocabulary())
     kwargs = dict(pipeline=pipe, num_inference_steps=16, height=32, width=32, num_frames=9, prompts="tiny-train",
-                  lpips=False, reference_cache_dir=str(tmp_path), speedup=(1.5, 2.5))
+                  lpips=False, reference_cache_dir=str(tmp_path), speedup=(1.5, 2.5), **obs_kwargs)
     envs = gym.make_vec("MorcaWan22-v0", num_envs=2, **kwargs)  # the default mode is the vector entry point
     assert isinstance(envs, MorcaVectorEnv)
     switch = envs.denoiser.expert_switch_step
@@ -107,8 +111,8 @@ def test_options_per_sub_env_and_shared(tmp_path):
 def test_next_step_autoreset_continues_each_sub_envs_generator(tmp_path):
     kwargs = {**KWARGS, "reference_cache_dir": str(tmp_path)}
     envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, **kwargs)
-    mode = envs.metadata["autoreset_mode"]
-    assert getattr(mode, "value", mode) == "next_step"
+    mode = envs.metadata["autoreset_mode"]  # gymnasium >= 1.1: its AutoresetMode (1.0 has none: our name)
+    assert getattr(mode, "name", mode).lower() == "next_step"
     actions = requested_actions(8, 2, seed=1)
     play_vector(envs, 3, actions)
     obs, rewards, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))  # the autoreset step
@@ -132,8 +136,8 @@ def test_same_step_autoreset_returns_the_new_episode_and_keeps_the_final_ones(tm
         obs, rewards, terminated, _, info = envs.step(obs["action_mask"][:, 1].astype(np.int64))
     assert terminated.all() and (rewards > 0).all()
     assert (obs["scalars"][:, 2] == 1.0).all()  # already the new episodes' first observations
-    # as gymnasium's own SyncVectorEnv gives them for a Dict space: dicts of batched arrays, with `_key` masks
-    assert info["_final_obs"].all() and (info["final_obs"]["scalars"][:, 2] == 0.0).all()
+    # as gymnasium's own SyncVectorEnv gives them (its layout changed after 1.0: final_observation reads both)
+    assert info["_final_obs"].all() and all(final_observation(info, n)["scalars"][2] == 0.0 for n in range(2))
     assert list(np.minimum(info["final_info"]["psnr"], 50.0)) == pytest.approx(list(rewards))  # r_max = 50 dB
     assert info["final_info"]["_psnr"].all()
     obs, rewards, terminated, _, _ = envs.step(obs["action_mask"][:, 1].astype(np.int64))
@@ -142,7 +146,9 @@ def test_same_step_autoreset_returns_the_new_episode_and_keeps_the_final_ones(tm
 
 
 def test_disabled_autoreset_asks_for_a_reset(tmp_path):
-    envs = MorcaVectorEnv(2, "tiny-random", autoreset_mode="disabled", reference_cache_dir=str(tmp_path), **KWARGS)
+    mode = getattr(gym.vector, "AutoresetMode", None)  # gymnasium's enum where it has one, else our name
+    envs = MorcaVectorEnv(2, "tiny-random", autoreset_mode=mode.DISABLED if mode else "disabled",
+                          reference_cache_dir=str(tmp_path), **KWARGS)
     play_vector(envs, 0, requested_actions(8, 2))
     with pytest.raises(RuntimeError, match="call reset"):
         envs.step(np.zeros(2, dtype=np.int64))
@@ -323,3 +329,11 @@ def test_a_cleanrl_loop_runs_on_the_batched_env(tmp_path, monkeypatch):
     obs, _ = gym.make("MorcaTinyRandom-v0", lpips=False, num_inference_steps=8, budget=3,
                       reference_cache_dir=str(tmp_path)).reset(seed=0)
     assert act(obs) in (0, 1)
+
+
+def test_final_observation_reads_both_of_gymnasiums_layouts():
+    obs = [{"scalars": np.full(7, float(n))} for n in range(3)]
+    batched = {"final_obs": {"scalars": np.stack([o["scalars"] for o in obs])}}  # gymnasium 1.0
+    listed = {"final_obs": np.array(obs + [None], dtype=object)[:3]}  # gymnasium >= 1.1
+    for infos in (batched, listed):
+        assert [final_observation(infos, n)["scalars"][0] for n in range(3)] == [0.0, 1.0, 2.0]

@@ -27,13 +27,14 @@ def test_the_latency_line_is_a_least_squares_fit(bench):
 
 def test_tiny_run_on_the_cpu_reports_every_number(bench, tmp_path):
     out = tmp_path / "wan.json"
-    assert bench.main(["--tiny", "--steps", "6", "--ks", "0", "2", "4", "--out", str(out),
+    assert bench.main(["--tiny", "--steps", "6", "--ks", "0", "2", "4", "--out", str(out), "--batches", "1", "3",
                        "--reference-cache-dir", str(tmp_path / "refs")]) == 0
     result = json.loads(out.read_text())
     assert result["tiny"] and result["steps"] == 6 and [r["K"] for r in result["episodes"]] == [0, 2, 4]
     assert result["full_step_s"] > 0 and result["reuse_step_s"] > 0
     assert all(0 < r["overhead_share"] < 1 and r["latency_s"] > 0 for r in result["episodes"])
     assert result["max_budget"] == 4 and result["line"]["intercept_s"] > 0
+    assert [b["num_envs"] for b in result["batches"]] == [1, 3] and all(b["videos_per_s"] > 0 for b in result["batches"])
 
 
 def test_bad_input_and_no_cuda_are_clear(bench, capsys):
