@@ -4,7 +4,7 @@
     env = gym.make("MorcaTiny-v0", speedup=3.0)     # packaged CPU model
     env = gym.make("MorcaWan21-v0", speedup=3.0)    # Wan2.1-T2V-1.3B (GPU + weights)
 
-The public face: the env (`MorcaEnv`, `ENV_IDS`), the scheduler registry (`make_scheduler`,
+The public face: the env (`MorcaEnv`, its batched form `MorcaVectorEnv`, `ENV_IDS`), the scheduler registry (`make_scheduler`,
 `scheduler_names`), `rollout` / `Trajectory`, `accelerate` (a stock pipeline under a scheduler),
 and the datasets (`collect_dataset`, `to_replay_buffer`). Everything else stays importable from
 its module.
@@ -32,6 +32,10 @@ def __getattr__(name: str):
         from .env import MorcaEnv
 
         return MorcaEnv
+    if name == "MorcaVectorEnv":
+        from .vector import MorcaVectorEnv
+
+        return MorcaVectorEnv
     if name in ("CollectionRecipe", "collect_dataset", "to_replay_buffer"):
         from . import data
 
@@ -39,6 +43,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'morca_env' has no attribute {name!r}")
 
 
-__all__ = ["AccelerateResult", "BudgetSpec", "CollectionRecipe", "ENV_IDS", "MorcaEnv", "SpeedupCalibration",
-           "Trajectory", "accelerate", "collect_dataset", "make_scheduler", "rollout", "scheduler_names",
+__all__ = ["AccelerateResult", "BudgetSpec", "CollectionRecipe", "ENV_IDS", "MorcaEnv", "MorcaVectorEnv",
+           "SpeedupCalibration", "Trajectory", "accelerate", "collect_dataset", "make_scheduler", "rollout", "scheduler_names",
            "to_replay_buffer"]
