@@ -44,5 +44,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["AccelerateResult", "BudgetSpec", "CollectionRecipe", "ENV_IDS", "MorcaEnv", "MorcaVectorEnv",
-           "SpeedupCalibration", "Trajectory", "accelerate", "collect_dataset", "make_scheduler", "rollout", "scheduler_names",
-           "to_replay_buffer"]
+           "SpeedupCalibration", "Trajectory", "accelerate", "collect_dataset", "make_scheduler", "rollout",
+           "scheduler_names", "to_replay_buffer"]
