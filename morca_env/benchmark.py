@@ -231,10 +231,14 @@ def _key(target: float) -> str:
     return f"{float(target):g}"
 
 
-def make_env(env_id: str, suite: Suite | None = None, **env_kwargs):
-    """The budget-enforcing env the suite is played in (its prompts, its settings; `env_kwargs` add to them)."""
+def make_env(env_id: str, suite: Suite | None = None, num_envs: int = 1, **env_kwargs):
+    """The budget-enforcing env the suite is played in (its prompts, its settings; `env_kwargs` add to them); a
+    `MorcaVectorEnv` of `num_envs` episodes per batch when > 1 (same K, scores equal up to float32 rounding)."""
     suite = suite or suite_of(env_id)
-    return gym.make(env_id, speedup=suite.targets[0], prompts=suite.prompts, **{**suite.kwargs, **env_kwargs})
+    kwargs = dict(speedup=suite.targets[0], prompts=suite.prompts, **{**suite.kwargs, **env_kwargs})
+    if num_envs == 1:
+        return gym.make(env_id, **kwargs)
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
 
 
 def training_kwargs(env_id: str, **env_kwargs) -> dict:
@@ -253,36 +257,47 @@ def training_env(env_id: str, **env_kwargs):
 def play(policy, env, suite: Suite, targets=None, progress: bool = True, references: dict | None = None,
          pair_step: int = 1) -> list[dict]:
     """One row per (target, pair) of `suite` (every `pair_step`-th pair): the episode's K, PSNR, SSIM and projected
-    actions; rows keep the pair's index in the suite, so scores pair with the references episode by episode."""
-    from tqdm.auto import tqdm
+    actions; rows keep the pair's index in the suite, so scores pair with the references episode by episode. In a
+    `MorcaVectorEnv` (`make_env(..., num_envs=N)`) the episodes play N at a time, each batch slot with its own copy
+    of `policy` (a scheduler keeps per-episode state)."""
+    import copy
 
-    from .rollout import rollout
+    from .rollout import rollout_many
+    from .vector import single_env
 
-    if not getattr(env.unwrapped, "enforce_budget", True):
+    if not getattr(single_env(env), "enforce_budget", True):
         raise ValueError("the benchmark scores in the budget-enforcing env (enforce_budget=True): every method "
                          "runs with exactly the target's K")
     targets = tuple(suite.targets if targets is None else targets)
     if isinstance(pair_step, bool) or not isinstance(pair_step, int) or pair_step < 1:
         raise ValueError(f"pair_step={pair_step!r} must be an integer >= 1 (1: every pair of the suite)")
-    pairs = list(enumerate(suite.pairs()))[::pair_step]
+    episodes = [(target, index, prompt, seed) for target in targets
+                for index, (prompt, seed) in list(enumerate(suite.pairs()))[::pair_step]]
+    if references is not None:  # a wrong calibration or step count fails here, before the suite is played
+        for target, index, _, seed in episodes:
+            ref = references["targets"].get(_key(target))
+            k = single_env(env).budget_for_speedup(float(target), int(seed))
+            if ref is not None and ref["k"][index] != k:
+                raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
+                                   f"pair {index}; this env gives K={k} (another calibration or step count): remake "
+                                   f"them with scripts/benchmark_references.py {suite.env_id}")
+    slots = getattr(env, "num_envs", 1) if hasattr(env, "action_masks") else 1
+    members = [policy] + [copy.deepcopy(policy) for _ in range(slots - 1)]
+    trajectories = rollout_many(env, [members[j % slots] for j in range(len(episodes))],
+                                [{"prompt": prompt, "seed": seed, "speedup": float(target)}
+                                 for target, _, prompt, seed in episodes],
+                                progress=f"benchmark {suite.env_id}" if progress else None)
     rows = []
-    with tqdm(total=len(targets) * len(pairs), desc=f"benchmark {suite.env_id}", disable=not progress,
-              unit="episode") as bar:
-        for target in targets:
-            ref = None if references is None else references["targets"].get(_key(target))
-            for index, (prompt, seed) in pairs:
-                trajectory = rollout(env, policy, options={"prompt": prompt, "seed": seed, "speedup": float(target)})
-                info = trajectory.info
-                row = {"target": float(target), "index": index, "prompt": prompt, "seed": int(seed),
-                       "k": int(info["budget"]), "psnr": float(min(info["psnr"], PSNR_CAP)),
-                       "ssim": float(info["ssim"]), "projected": int(info["num_projected"]),
-                       "schedule": [int(a) for a in info["schedule"]]}
-                if ref is not None and ref["k"][index] != row["k"]:
-                    raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
-                                       f"pair {index}; this env gives K={row['k']} (another calibration or step "
-                                       f"count): remake them with scripts/benchmark_references.py {suite.env_id}")
-                rows.append(row)
-                bar.update()
+    for (target, index, prompt, seed), trajectory in zip(episodes, trajectories):
+        ref = None if references is None else references["targets"].get(_key(target))
+        info = trajectory.info
+        row = {"target": float(target), "index": index, "prompt": prompt, "seed": int(seed),
+               "k": int(info["budget"]), "psnr": float(min(info["psnr"], PSNR_CAP)),
+               "ssim": float(info["ssim"]), "projected": int(info["num_projected"]),
+               "schedule": [int(a) for a in info["schedule"]]}
+        if ref is not None and ref["k"][index] != row["k"]:
+            raise RuntimeError(f"pair {index} at target {target:g} ran K={row['k']}, planned {ref['k'][index]}")
+        rows.append(row)
     return rows
 
 

@@ -127,3 +127,19 @@ def test_datasets_at_a_shipped_target_get_minaris_reference_scores():
     for kwargs in ({"speedup": [2.0, 3.0]}, {"speedup": 2.2}, {"budget": 30}, {"speedup": 2.5, "num_inference_steps": 20}):
         assert benchmark.reference_returns("MorcaTiny-v0", kwargs, r_max=50.0) is None, kwargs
     assert benchmark.reference_returns("MorcaWan21-v0", {"speedup": 3.0}, r_max=40.0) is None  # none measured
+
+
+def test_a_batched_env_scores_the_same_episodes(setup, tmp_path):
+    """make_env(..., num_envs=3): the suite's 8 episodes play 3 at a time (the last batch padded), each batch slot
+    with its own copy of the scheduler; the rows equal the single env's up to float32 rounding."""
+    env, refs = setup
+    batched = benchmark.make_env(TEST_ENV, num_envs=3, pipeline=env.unwrapped.pipe,
+                                 reference_cache_dir=str(tmp_path))
+    for policy in (schedulers.make("uniform", env), lambda obs: 1):
+        single = benchmark.evaluate(policy, TEST_ENV, env=env, references=refs, progress=False)
+        together = benchmark.evaluate(policy, TEST_ENV, env=batched, references=refs, progress=False)
+        assert len(together.rows) == len(single.rows) == 8
+        for a, b in zip(single.rows, together.rows):
+            assert (a["target"], a["index"], a["k"], a["schedule"]) == (b["target"], b["index"], b["k"], b["schedule"])
+            assert abs(a["psnr"] - b["psnr"]) < 1e-2  # uint8 levels flipped by rounding (test_vector_env.REWARD_DB)
+    batched.close()
