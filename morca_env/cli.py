@@ -99,9 +99,9 @@ def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny
     from .workers import DEFAULT_NUM_ENVS
 
     p.add_argument("--env", default=env)
-    p.add_argument("--num-envs", type=positive_int, default=DEFAULT_NUM_ENVS,
+    p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes played as one batch (a MorcaVectorEnv; 1: the single env); default "
-                        f"{DEFAULT_NUM_ENVS}, from benchmarks/bench_vector.py")
+                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
     p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
                                      "dataset's prompts, whose references are cached)")
@@ -122,11 +122,14 @@ def make_training_env(args):
 
     from .registration import register_envs
 
+    from .workers import default_num_envs
+
     register_envs()
     kwargs = training_env_kwargs(args)
-    if args.num_envs == 1:
+    num_envs = args.num_envs or default_num_envs(args.env, kwargs)
+    if num_envs == 1:
         return gym.make(args.env, **kwargs)
-    return gym.make_vec(args.env, num_envs=args.num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    return gym.make_vec(args.env, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
 
 
 def add_run_arguments(p: argparse.ArgumentParser, run_dir: str, resume: str = "continue the run in --run-dir",

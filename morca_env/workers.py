@@ -65,6 +65,13 @@ def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
     return bool(preset.prefers_gpu) and not device.startswith("cpu")
 
 
+def default_num_envs(env_id: str, env_kwargs: dict) -> int:
+    """Episodes per batch where the caller names none: `DEFAULT_NUM_ENVS` for the small CPU models, whose steps a
+    batch shares in part (benchmarks/bench_vector.py); 1 for the Wan models on a GPU, where one video's calls
+    already fill the device and a batch only multiplies the memory."""
+    return 1 if needs_gpu(env_id, env_kwargs) else DEFAULT_NUM_ENVS
+
+
 def make_worker_env(env_id: str, env_kwargs: dict, threads: int, num_envs: int = 1):
     """A fresh env for a worker, with its torch threads set (importing gymnasium's registry of our envs): a
     `MorcaVectorEnv` of `num_envs` episodes when > 1."""

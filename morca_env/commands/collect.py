@@ -25,7 +25,7 @@ from pathlib import Path
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.data import CollectionRecipe, collect_dataset
 from morca_env.executors import add_ray_arguments, executor_from_args
-from morca_env.workers import DEFAULT_NUM_ENVS
+from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
 
 
 def recipe_file(text: str) -> Path:
@@ -45,9 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=positive_int, default=1,
                    help="parallel processes (with --ray: Ray actors), one episode stream each")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
-    p.add_argument("--num-envs", type=positive_int, default=DEFAULT_NUM_ENVS,
+    p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes each worker plays as one batch (a MorcaVectorEnv; 1: the single env). Default "
-                        f"{DEFAULT_NUM_ENVS}, from benchmarks/bench_vector.py")
+                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue after the last complete episode (default); --no-resume starts over")
     p.add_argument("--overwrite", action="store_true", help="replace a finished dataset with the same id")
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     dataset = collect_dataset(recipe.dataset_id, recipe.env_id, recipe.num_episodes, recipe=recipe,
                               resume=args.resume, overwrite=args.overwrite, workers=args.workers,
                               threads=args.threads, env_overrides=overrides, executor=executor,
-                              num_envs=args.num_envs)
+                              num_envs=args.num_envs or default_num_envs(recipe.env_id, recipe.env_kwargs))
     print(f"dataset {recipe.dataset_id}: {dataset.total_episodes} episodes, {dataset.total_steps} steps at "
           f"{Path(dataset.storage.data_path)}")
     return 0

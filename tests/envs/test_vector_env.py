@@ -338,3 +338,10 @@ def test_final_observation_reads_both_of_gymnasiums_layouts():
     listed = {"final_obs": np.array(obs + [None], dtype=object)[:3]}  # gymnasium >= 1.1
     for infos in (batched, listed):
         assert [final_observation(infos, n)["scalars"][0] for n in range(3)] == [0.0, 1.0, 2.0]
+
+
+def test_the_default_batch_is_8_for_morca_tiny_and_1_for_wan():
+    from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
+
+    assert DEFAULT_NUM_ENVS == 8 and default_num_envs("MorcaTiny-v0", {}) == 8
+    assert default_num_envs("MorcaWan21-v0", {}) == default_num_envs("MorcaWan22-v0", {}) == 1
