@@ -262,7 +262,7 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
     of `policy` (a scheduler keeps per-episode state)."""
     import copy
 
-    from .rollout import rollout_many
+    from .rollout import episodes_per_batch, rollout_many
     from .vector import single_env
 
     if not getattr(single_env(env), "enforce_budget", True):
@@ -281,7 +281,7 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
                 raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
                                    f"pair {index}; this env gives K={k} (another calibration or step count): remake "
                                    f"them with scripts/benchmark_references.py {suite.env_id}")
-    slots = getattr(env, "num_envs", 1) if hasattr(env, "action_masks") else 1
+    slots = episodes_per_batch(env)
     members = [policy] + [copy.deepcopy(policy) for _ in range(slots - 1)]
     trajectories = rollout_many(env, [members[j % slots] for j in range(len(episodes))],
                                 [{"prompt": prompt, "seed": seed, "speedup": float(target)}

@@ -137,6 +137,11 @@ def _row(obs: dict, n: int) -> dict:
     return {k: v[n] for k, v in obs.items()}
 
 
+def episodes_per_batch(env) -> int:
+    """How many episodes `env` plays at once: a `MorcaVectorEnv`'s (or a vector wrapper's) `num_envs`, else 1."""
+    return int(env.num_envs) if hasattr(env, "num_envs") and hasattr(env, "action_masks") else 1
+
+
 def rollout_many(env, policies: list, options: list, seeds: list | None = None, record: bool = False,
                  progress: str | None = None) -> list[Trajectory]:
     """Episode i with `policies[i]`, `options[i]` (and `seeds[i]`), for every i: one at a time through `rollout`
@@ -147,7 +152,7 @@ def rollout_many(env, policies: list, options: list, seeds: list | None = None, 
     seeds = list(seeds) if seeds is not None else [None] * len(policies)
     if not len(policies) == len(options) == len(seeds):
         raise ValueError(f"{len(policies)} policies, {len(options)} options and {len(seeds)} seeds: one each per episode")
-    size = getattr(env, "num_envs", 1) if hasattr(env, "action_masks") and hasattr(env, "num_envs") else 1
+    size = episodes_per_batch(env)
     trajectories: list[Trajectory] = []
     with tqdm(total=len(policies), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
         for start in range(0, len(policies), size):

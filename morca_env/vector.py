@@ -296,7 +296,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
         terminated = np.full(self.num_envs, ended)
         if ended and self.autoreset_mode == "same_step":
             final_obs = [{k: v[n] for k, v in obs.items()} for n in range(self.num_envs)]
-            final_infos = [{k: v[n] for k, v in infos.items() if not k.startswith("_")} for n in range(self.num_envs)]
+            final_infos = [sub_env_info(infos, n) for n in range(self.num_envs)]  # plain values, as MorcaEnv's
             obs, infos = self._start([self.env.plan_episode(rng, None) for rng in self._rngs])
             for n in range(self.num_envs):
                 infos = self._add_info(infos, {"final_obs": final_obs[n], "final_info": final_infos[n]}, n)
