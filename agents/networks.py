@@ -57,7 +57,7 @@ def _branch(conv, in_channels: int, pool, strides) -> nn.Sequential:
 class MorcaTrunk(nn.Module):
     """Observation tuple -> 256-d state embedding (App. B.1)."""
 
-    def __init__(self, channels: int, features: str | tuple[str, ...] = ALL_FEATURES):
+    def __init__(self, channels: int, features: str | tuple[str, ...] = ALL_FEATURES, num_scalars: int = NUM_SCALARS):
         super().__init__()
         self.channels = channels
         self.features = parse_features(features)
@@ -68,7 +68,7 @@ class MorcaTrunk(nn.Module):
                          if temporal_parts else None)
         latent_size = (512 if self.branch3d is not None else 0) + (256 if self.branch2d is not None else 0)
         self.project = nn.Sequential(nn.Linear(latent_size, 128), nn.SiLU()) if latent_size else None
-        mlp_in = (128 if latent_size else 0) + NUM_SCALARS
+        mlp_in = (128 if latent_size else 0) + num_scalars  # the env's 7, or 8 with the baseline's action
         self.mlp = nn.Sequential(
             nn.Linear(mlp_in, TRUNK_SIZE), nn.LayerNorm(TRUNK_SIZE), nn.SiLU(),
             nn.Linear(TRUNK_SIZE, TRUNK_SIZE), nn.LayerNorm(TRUNK_SIZE), nn.SiLU(),
@@ -116,9 +116,10 @@ class MorcaNetwork(nn.Module):
 class MorcaEncoder(nn.Module):
     """d3rlpy encoder: a tuple observation [pooled, temporal, scalars, action_mask] or a flat one -> 256 features."""
 
-    def __init__(self, channels: int, features: str | tuple[str, ...], flat: bool = False):
+    def __init__(self, channels: int, features: str | tuple[str, ...], flat: bool = False,
+                 num_scalars: int = NUM_SCALARS):
         super().__init__()
-        self.trunk = MorcaTrunk(channels, features)
+        self.trunk = MorcaTrunk(channels, features, num_scalars)
         self.flat = flat
 
     def forward(self, x) -> torch.Tensor:
@@ -151,8 +152,9 @@ class MorcaEncoderFactory(EncoderFactory):
     features: str = "p3,mean,var"
 
     def create(self, observation_shape) -> MorcaEncoder:
-        return MorcaEncoder(channels_of(observation_shape), parse_features(self.features),
-                            flat=is_flat_shape(observation_shape))
+        flat = is_flat_shape(observation_shape)
+        return MorcaEncoder(channels_of(observation_shape), parse_features(self.features), flat=flat,
+                            num_scalars=NUM_SCALARS if flat else int(observation_shape[2][0]))
 
     def create_with_action(self, observation_shape, action_size: int, discrete_action: bool = False):
         raise NotImplementedError("MORCA's networks condition on the state only; Q heads output one value per action")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from .anchored import ANCHOR
 from .checkpoint import load_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory
@@ -61,11 +62,14 @@ class OfflineConfig:
 class OfflineTrainer:
     """Trains `config.create()` on `buffer` for `config.epochs`, checkpointing every epoch under `run_dir`."""
 
-    def __init__(self, buffer, config: OfflineConfig = OfflineConfig(), run_dir: str | Path = "runs/offline"):
+    def __init__(self, buffer, config: OfflineConfig = OfflineConfig(), run_dir: str | Path = "runs/offline",
+                 anchor: dict | None = None):
         self.buffer, self.config, self.run_dir = buffer, config, Path(run_dir)
         steps = {len(e.rewards) for e in buffer.episodes}  # the data's step count N, checked where a policy plays
-        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "offline", **asdict(config),
-                                                        "num_steps": steps.pop() if len(steps) == 1 else None})
+        record = {"trainer": "offline", **asdict(config), "num_steps": steps.pop() if len(steps) == 1 else None}
+        if anchor is not None:  # an anchored buffer (agents.anchored): its checkpoints say so, with their baseline
+            record[ANCHOR] = anchor
+        self.checkpoints = CheckpointDir(self.run_dir, record)
         self.algo = config.create()
         self.algo.build_with_dataset(buffer)
         self.start = 0

@@ -24,6 +24,9 @@ from morca_env.io import atomic_path, atomic_write_text
 from morca_env.rollout import rollout_many as play_many
 from morca_env.vector import single_env
 
+from morca_env.schedulers.anchored import FollowBaseline
+
+from .anchored import ANCHOR, GROUP_SIZE, AnchoredPolicy, anchored_episodes, baseline_of, episode_key
 from .checkpoint import load_learnable
 from .iql import DiscreteIQL, DiscreteIQLConfig
 from .networks import MorcaEncoderFactory, parse_features
@@ -68,7 +71,7 @@ class OnlineTrainer:
     """Runs the rounds of Algorithm 1(b); resumable from `run_dir`."""
 
     def __init__(self, env, config: OnlineConfig, run_dir: str | Path, offline_algo: DiscreteIQL | None = None,
-                 offline_buffer=None, device: str = "cpu", progress: bool = True):
+                 offline_buffer=None, device: str = "cpu", progress: bool = True, anchor: dict | None = None):
         self.player = env  # where rollouts play: a MorcaEnv, or a MorcaVectorEnv's batches
         self.env = single_env(env)
         self.config = config
@@ -87,13 +90,22 @@ class OnlineTrainer:
             iql = dataclasses.replace(iql, actor_encoder_factory=encoder, critic_encoder_factory=encoder,
                                       value_encoder_factory=encoder)
         self.algo = iql.create(device=device)
-        self.algo.create_impl(observation_shapes(self.env), 2)
+        # anchored (agents.anchored): the state gains the baseline's action, rollouts come in groups led by the
+        # baseline, and returns are relative to the group's (offline_buffer must be anchored too)
+        self.anchor = anchor
+        self.baseline = baseline_of(anchor["baseline"]) if anchor is not None else None
+        shapes = observation_shapes(self.env)
+        if anchor is not None:
+            shapes[2] = (shapes[2][0] + 1,)
+        self.algo.create_impl(shapes, 2)
         if offline_algo is not None:
             self.algo.copy_weights_from(offline_algo)
         self.offline_episodes = [tuple_episode(e) for e in offline_buffer.episodes] if offline_buffer is not None else []
         self.online_episodes = []
-        self.checkpoints = CheckpointDir(self.run_dir, {"trainer": "online", **dataclasses.asdict(config),
-                                                        "num_steps": getattr(self.env, "num_steps", None)})
+        record = {"trainer": "online", **dataclasses.asdict(config), "num_steps": getattr(self.env, "num_steps", None)}
+        if anchor is not None:
+            record[ANCHOR] = {**anchor, "margin": None}
+        self.checkpoints = CheckpointDir(self.run_dir, record)
         self.start_round = 0
         self.history: list[dict] = []
         self._resume()
@@ -138,16 +150,26 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------ the loop
     def collect(self, count: int) -> tuple[list, list[dict]]:  # pragma: no mutate block (data collection, not learning)
-        policy = MorcaPolicy(self.algo, deterministic=False)  # keeps no per-episode state: one for every sub-env
         lo, hi = self.config.speedup_range
         options = []
-        for _ in range(count):
+        group = GROUP_SIZE if self.anchor is not None else 1  # anchored: one draw per group, led by the baseline
+        for _ in range(0, count, group):
             prompt, seed = self.env.suite.sample(self.rng)
             speedup = float(self.rng.uniform(lo, min(hi, self.env.calibration.speedup_range[1])))
-            options.append({"prompt": prompt, "seed": seed, "speedup": speedup})
-        trajectories = play_many(self.player, [policy] * count, options, record=True,
+            options += [{"prompt": prompt, "seed": seed, "speedup": speedup}] * group
+        options = options[:count]
+        if self.anchor is None:
+            policies = [MorcaPolicy(self.algo, deterministic=False)] * count  # no per-episode state: one for all
+        else:
+            policies = [FollowBaseline(self.baseline) if i % group == 0
+                        else AnchoredPolicy(self.algo, self.baseline, deterministic=False) for i in range(count)]
+        trajectories = play_many(self.player, policies, options, record=True,
                                  progress="online rollouts" if self.progress else None)
-        return [episode_from_trajectory(t) for t in trajectories], [t.info for t in trajectories]
+        episodes = [episode_from_trajectory(t) for t in trajectories]
+        if self.anchor is not None:
+            episodes = anchored_episodes(episodes, [episode_key(t.info) for t in trajectories], self.baseline,
+                                         self.env.budget_spec)
+        return episodes, [t.info for t in trajectories]
 
     def run(self) -> list[dict]:
         writer = SummaryWriter(str(self.run_dir / "tb"))

@@ -125,7 +125,7 @@ def reuses_ahead(obs) -> float:
 
     Why: every training seed of the quickstart recipe defers its computes to the end of the run; `pace` subtracts
     this share times the pace from the reuse logit, holding the policy near an even spend while the network still
-    places each compute. Measured on MorcaTiny it did not help (docs/results/headroom_tiny.md, "Five training
+    places each compute. Measured on MorcaTiny it did not help (docs/results/scheduler_tiny.md, "Five training
     seeds"): the option exists so that the result can be reproduced and tried on other models.
     """
     scalars = obs["scalars"]
@@ -147,7 +147,7 @@ class MorcaEnsemble:
     Why: one training seed of the same recipe can land 2.8 dB away from another on the same validation prompts;
     averaging the members' log-probabilities keeps the choices they agree on and settles the others by how sure
     each member is. Costs one small network call per member and step. Measured on MorcaTiny (five seeds,
-    docs/results/headroom_tiny.md) an ensemble is no better than its average member: a tool, not a recipe.
+    docs/results/scheduler_tiny.md) an ensemble is no better than its average member: a tool, not a recipe.
     """
 
     learned = True
@@ -176,11 +176,29 @@ class MorcaEnsemble:
         return pick(log_probs.mean(dim=0), self.deterministic)
 
 
+SHIPPED = "trained/morca-tiny-v0.safetensors"  # the anchored recipe's MorcaTiny scheduler (agents/trained/README.md)
+
+
+def shipped_checkpoint() -> str:
+    """The MorcaTiny-v0 scheduler that ships with the package (with its checksum sidecar)."""
+    from importlib import resources
+
+    return str(resources.files("agents").joinpath(SHIPPED))
+
+
 @register("morca", learned=True, checkpoint_suffixes=(".safetensors", ".d3"))
 def load_morca(path=None, **options):
-    """The registry's "morca": a d3rlpy checkpoint (`MorcaPolicy`) or several, comma-separated (`MorcaEnsemble`);
-    `trusted=True` admits legacy `.d3` pickles."""
-    if path is None:
-        raise ValueError("scheduler 'morca' needs a checkpoint: make('morca', path=...)")
-    paths = checkpoint_paths(path)
+    """The registry's "morca": the shipped MorcaTiny-v0 scheduler when no `path` is given; else a checkpoint, an
+    anchored one (`agents.anchored.AnchoredPolicy`, `margin=` overrides its own) or a plain one (`MorcaPolicy`), or
+    several plain ones, comma-separated (`MorcaEnsemble`); `trusted=True` admits legacy `.d3` pickles."""
+    from .anchored import anchor_of, load_anchored
+
+    paths = checkpoint_paths(shipped_checkpoint() if path is None else path)
+    anchored = [p for p in paths if anchor_of(p) is not None]
+    if anchored:
+        if len(paths) > 1:
+            raise ValueError(f"anchored checkpoints ({', '.join(anchored)}) play alone, not in an ensemble")
+        return load_anchored(paths[0], **options)
+    if "margin" in options:
+        raise ValueError(f"margin= is an anchored scheduler's option; {paths[0]} is a plain MORCA checkpoint")
     return MorcaPolicy.load(paths[0], **options) if len(paths) == 1 else MorcaEnsemble.load(paths, **options)

@@ -5,6 +5,9 @@
     morca finetune ... --rounds 4 --trajectories 20 --max-steps-per-epoch 50   # CPU-sized
     morca finetune ... --resume
 
+An offline checkpoint of the anchored recipe (`morca train`'s default, agents.anchored) is fine-tuned anchored:
+rollouts come in groups of four sharing a prompt, seed and K, the first playing the best fixed schedule.
+
 Per round: sample `--trajectories` episodes from the current stochastic masked
 policy at random tiny-train prompts and target speedups, add them to the replay
 buffer (which keeps the offline dataset), `--warmup-epochs` of critic-only
@@ -22,6 +25,7 @@ import d3rlpy
 import minari
 
 import morca_env  # noqa: F401
+from agents.anchored import anchor_of, anchored_buffer, baseline_of
 from agents.checkpoint import CheckpointError, load_learnable
 from agents.online import OnlineConfig, OnlineTrainer
 from agents.training import FINAL
@@ -74,10 +78,18 @@ def main(argv=None) -> int:
         offline = None if args.from_scratch else load_learnable(args.offline, device=args.device)
     except (CheckpointError, OSError) as error:
         raise SystemExit(f"--offline: {error}") from None
+    # an anchored offline checkpoint (agents.anchored) is fine-tuned anchored: its baseline, state and returns
+    anchor = None if args.from_scratch else anchor_of(args.offline)
     buffer = None
     if args.dataset and not args.from_scratch:
         dataset = minari.load_dataset(args.dataset)
-        buffer = to_replay_buffer(dataset, "tuple", episode_indices=first_episodes(dataset, args.episodes))
+        indices = first_episodes(dataset, args.episodes)
+        buffer = to_replay_buffer(dataset, "tuple", episode_indices=indices)
+        if anchor is not None:
+            try:
+                buffer, _ = anchored_buffer([dataset], buffer, indices, baseline=baseline_of(anchor["baseline"]))
+            except ValueError as error:
+                raise SystemExit(f"--dataset: {error}") from None
     config = OnlineConfig(rounds=args.rounds, trajectories_per_round=args.trajectories,
                           warmup_epochs=args.warmup_epochs, joint_epochs=args.joint_epochs,
                           actor_learning_rate=args.actor_lr, critic_learning_rate=args.critic_lr,
@@ -87,7 +99,7 @@ def main(argv=None) -> int:
                           seed=args.seed)
     record_run_arguments(args.run_dir, args)
     trainer = OnlineTrainer(env, config, args.run_dir, offline_algo=offline, offline_buffer=buffer,
-                            device=args.device)
+                            device=args.device, anchor=anchor)
     history = trainer.run()
     print(f"saved {args.run_dir / FINAL}; rollout PSNR by round: "
           + ", ".join(f"{h['rollout_psnr']:.2f}" for h in history))

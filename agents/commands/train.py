@@ -1,6 +1,7 @@
 """Offline discrete IQL on a MORCA Minari dataset (paper Sec. 3.3; defaults from Table 6).
 
-    morca train --dataset morca/tiny/random-v0
+    morca train --dataset morca/tiny/anchored-v0                        # the default recipe (agents.anchored)
+    morca train --recipe paper --dataset morca/tiny/random-v0           # the paper's
     morca train --dataset morca/tiny/random-v0 --epochs 20 --max-steps-per-epoch 100
     morca train ... --resume            # continue after the last finished epoch
 
@@ -19,6 +20,7 @@ import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's i
 import d3rlpy
 import minari
 
+from agents.anchored import anchored_buffer
 from agents.offline import OfflineConfig, OfflineTrainer
 from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
                            show_library_messages)
@@ -28,7 +30,11 @@ from morca_env.threads import configure_threads
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", nargs="+", default=["morca/tiny/random-v0"],
+    p.add_argument("--recipe", choices=("anchored", "paper"), default="anchored",
+                   help="anchored (default): IQL on the residual of the best fixed schedule, from grouped data such "
+                        "as datasets/morca/tiny/anchored-v0.json (agents.anchored); paper: the paper's state and "
+                        "return, on any MORCA dataset")
+    p.add_argument("--dataset", nargs="+", default=["morca/tiny/anchored-v0"],
                    help="Minari dataset id(s); several are trained on together (--episodes limits the first)")
     p.add_argument("--epochs", type=positive_int, default=200)
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate of all networks")
@@ -53,12 +59,18 @@ def main(argv=None) -> int:
     check_run_arguments(args.run_dir, args)  # a resume with other data or hyperparameters is refused first
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
-    buffer = to_replay_buffer(datasets, "tuple", episode_indices=first_episodes(datasets[0], args.episodes),
-                              n_step=args.n_step)
+    indices = first_episodes(datasets[0], args.episodes)
+    buffer = to_replay_buffer(datasets, "tuple", episode_indices=indices, n_step=args.n_step)
+    anchor = None
+    if args.recipe == "anchored":
+        try:
+            buffer, anchor = anchored_buffer(datasets, buffer, indices, args.n_step)
+        except ValueError as error:
+            raise SystemExit(f"--recipe anchored: {error}") from None
     config = OfflineConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size, beta=args.beta,
                            max_weight=args.w_max, expectile=args.expectile, features=args.features,
                            max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
-    trainer = OfflineTrainer(buffer, config, args.run_dir)
+    trainer = OfflineTrainer(buffer, config, args.run_dir, anchor=anchor)
     record_run_arguments(args.run_dir, args)  # once the data loaded: a failing call keeps the old record
     if args.resume:
         trainer.resume()

@@ -1,0 +1,227 @@
+"""The anchored recipe: the baseline from any state, grouped behaviour data, the residual state and return, the
+critic-gated switch and its margin chosen on validation episodes."""
+
+import math
+
+import d3rlpy
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from d3rlpy.dataset import Episode
+
+import agents  # noqa: F401
+import morca_env  # noqa: F401
+from agents import anchored
+from agents.anchored import AnchoredPolicy, anchored_arrays, anchored_episodes, choose_margin, group_relative
+from agents.iql import DiscreteIQLConfig
+from agents.networks import MorcaEncoderFactory
+from morca_env.budget import BudgetSpec
+from morca_env.rollout import rollout
+from morca_env.schedulers.anchored import BaselineDeviations, BaselinePlan, FollowBaseline, baseline_actions
+from morca_env.schedulers.fixed import StaticSchedule
+
+N = 8
+SPEC = BudgetSpec(N, frozenset({0, N - 1}))
+# a baseline for 8-step episodes: K = 2 and K = 4 fitted, the others moved from the nearest
+BASELINE = StaticSchedule({2: [0, 0, 1, 0, 0, 1, 0, 0], 4: [0, 1, 0, 1, 1, 0, 1, 0]}, "test")
+
+
+def tiny_env(tmp_path, **kwargs):
+    return gym.make("MorcaTinyRandom-v0", num_inference_steps=N, lpips=False, latent_features=False,
+                    reference_cache_dir=str(tmp_path / "refs"), **kwargs)
+
+
+def scalar_algo(seed=0):
+    """An untrained scalar-state IQL built on the anchored state (7 + 1 scalars)."""
+    d3rlpy.seed(seed)
+    factory = MorcaEncoderFactory(features="")
+    algo = DiscreteIQLConfig(batch_size=4, actor_encoder_factory=factory, critic_encoder_factory=factory,
+                             value_encoder_factory=factory).create(device="cpu")
+    algo.create_impl([(9, 4, 8, 8), (18, 8, 8), (8,), (2,)], 2)
+    return algo
+
+
+# ----------------------------------------------------------------- the baseline from any state
+def test_a_plan_without_departures_is_the_baseline_and_a_departure_is_repaid_later_at_the_same_k():
+    schedule = BASELINE.plan(SPEC, 4)
+    assert list(baseline_actions(schedule, SPEC, schedule)) == schedule  # followed: proposes itself
+    played = list(schedule)
+    played[1] = 0  # recompute where the baseline reuses: one reuse must come back later
+    plan = BaselinePlan(schedule, SPEC, 4)
+    plan.record(0, 0)
+    plan.record(1, 0)
+    assert plan.plan[:2] == [0, 0] and sum(plan.plan) == 4 and plan.departures == 1
+    assert sum(a != b for a, b in zip(plan.plan[2:], schedule[2:])) == 1  # moved as little as possible
+    assert all(plan.plan[i] == 0 for i in SPEC.forced)
+    proposed = baseline_actions(schedule, SPEC, plan.plan)
+    assert proposed[1] == 1 and list(proposed[2:]) == plan.plan[2:]
+
+
+def test_following_the_baseline_plays_the_best_fixed_schedule_and_reads_departures_off_the_state(tmp_path):
+    env = tiny_env(tmp_path, budget=3)
+    follow, fixed = FollowBaseline(BASELINE), StaticSchedule(BASELINE.schedules)
+    assert rollout(env, follow, seed=3).schedule == rollout(env, fixed, seed=3).schedule
+
+    class LeaveAtStep2(FollowBaseline):
+        def __call__(self, obs):
+            proposed = self.baseline_action(obs)
+            return 1 - proposed if self.step == 2 and obs["action_mask"].all() else proposed
+
+    played = rollout(env, LeaveAtStep2(BASELINE), seed=3).schedule
+    planned = fixed.plan(SPEC, 3)
+    assert played[2] != planned[2] and sum(played) == 3  # the departure was repaid: K holds without projection
+
+
+def test_grouped_behaviour_shares_options_and_its_leader_plays_the_baseline(tmp_path):
+    env = tiny_env(tmp_path, prompts="tiny-train[5::22]", speedup=[1.5, 2.5])
+    members = [BaselineDeviations(BASELINE, env, group_size=3, rate=0.5, speedups=[(1.5, 2.5)], seed=10 + i)
+               for i in range(6)]
+    options = [m.episode_options(i) for i, m in enumerate(members)]
+    assert options[0] == options[1] == options[2] != options[3] == options[4] == options[5]
+    assert members[0].rate == 0 and members[3].rate == 0 and members[1].rate == 0.5
+    leader = rollout(env, members[0], options[0], seed=10)
+    follower = rollout(env, members[1], options[1], seed=11)
+    assert leader.schedule == StaticSchedule(BASELINE.schedules).plan(SPEC, sum(leader.schedule))
+    assert follower.schedule != leader.schedule and sum(follower.schedule) == sum(leader.schedule)
+    with pytest.raises(ValueError, match="group_size=1 must be an integer >= 2"):
+        BaselineDeviations(BASELINE, env, group_size=1)
+    with pytest.raises(ValueError, match=r"rate=\(0.5, 0.1\) must be a probability or a range"):
+        BaselineDeviations(BASELINE, env, rate=(0.5, 0.1))
+
+
+# ----------------------------------------------------------------- the residual state, action and return
+def test_group_relative_returns_remove_each_groups_mean():
+    out = group_relative([30.0, 31.0, 20.0, 22.0, 50.0], ["a", "a", "b", "b", "c"])
+    assert np.allclose(out, [-0.5, 0.5, -1.0, 1.0, 0.0])
+
+
+def test_anchored_episodes_mark_departures_append_the_baseline_and_swap_the_mask():
+    rng = np.random.default_rng(0)
+    schedule = BASELINE.plan(SPEC, 4)
+    played = [0, 0, 1, 1, 1, 0, 1, 0]  # left the baseline at step 1 (and the re-plan follows)
+    episodes = []
+    for actions, psnr in ((schedule, 30.0), (played, 31.0)):
+        masks = np.array([SPEC.action_mask(t, int(sum(actions[:t])), 4) for t in range(N)], np.float32)
+        rewards = np.zeros((N, 1), np.float32)
+        rewards[-1] = psnr
+        episodes.append(Episode(observations=[rng.normal(size=(N, 6, 4, 8, 8)).astype(np.float32),
+                                              rng.normal(size=(N, 12, 8, 8)).astype(np.float32),
+                                              rng.uniform(size=(N, 7)).astype(np.float32), masks],
+                                actions=np.array(actions).reshape(N, 1), rewards=rewards, terminated=True))
+    out = anchored_episodes(episodes, [("p", 1, 4)] * 2, BASELINE, SPEC)
+    assert np.asarray(out[0].actions).sum() == 0  # the baseline never leaves itself
+    proposed = baseline_actions(schedule, SPEC, played)
+    assert list(np.asarray(out[1].actions).reshape(-1)) == [int(a != b) for a, b in zip(played, proposed)]
+    assert np.asarray(out[1].actions)[1, 0] == 1
+    assert np.array_equal(out[1].observations[2][:, 7], proposed.astype(np.float32))
+    masks = np.asarray(episodes[1].observations[3])
+    assert np.array_equal(out[1].observations[3][:, 0], masks[np.arange(N), proposed])  # follow ok
+    assert np.array_equal(out[1].observations[3][:, 1], masks[np.arange(N), 1 - proposed])  # leave ok
+    assert [float(e.rewards[-1, 0]) for e in out] == [-0.5, 0.5] and not np.asarray(out[1].rewards)[:-1].any()
+
+
+# ----------------------------------------------------------------- the scheduler
+def test_margin_never_is_the_baseline_bit_for_bit_without_a_network_call(tmp_path, monkeypatch):
+    env = tiny_env(tmp_path, budget=3)
+    algo = scalar_algo()
+    monkeypatch.setattr(algo.impl._q_func_forwarder, "compute_expected_q",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("network called")))
+    policy = AnchoredPolicy(algo, BASELINE)
+    assert rollout(env, policy, seed=5).schedule == rollout(env, FollowBaseline(BASELINE), seed=5).schedule
+    assert policy.record.departures == []
+
+
+def test_the_switch_leaves_exactly_where_the_critics_gain_exceeds_the_margin(tmp_path, monkeypatch):
+    env = tiny_env(tmp_path, budget=3)
+    algo = scalar_algo()
+
+    def q_values(x, reduction="min"):  # leaving gains 2 dB at step 3 only (t = remaining / N in the scalars)
+        step = int(round(N * (1 - float(x[2][0, 2]))))
+        return torch.tensor([[0.0, 2.0 if step == 3 else -1.0]])
+
+    monkeypatch.setattr(algo.impl._q_func_forwarder, "compute_expected_q", q_values)
+    baseline = rollout(env, FollowBaseline(BASELINE), seed=5).schedule
+    for margin, leaves in ((1.0, [3]), (2.5, [])):
+        policy = AnchoredPolicy(algo, BASELINE, margin)
+        played = rollout(env, policy, seed=5).schedule
+        assert policy.record.departures == leaves
+        assert (played[3] != baseline[3]) == bool(leaves) and played[:3] == baseline[:3]
+        assert sum(played) == 3
+    with pytest.raises(ValueError, match="margin=-1 must be >= 0 dB"):
+        AnchoredPolicy(algo, BASELINE, -1)
+
+
+def test_a_network_of_the_plain_state_is_refused():
+    from tests.agents.test_agents import _scalar_algo
+
+    with pytest.raises(ValueError, match="needs a network trained on the anchored state"):
+        AnchoredPolicy(_scalar_algo(0), BASELINE)
+
+
+def test_the_margin_is_kept_only_where_validation_shows_a_gain_with_confidence(tmp_path, monkeypatch):
+    env = tiny_env(tmp_path)
+    options = [{"prompt": f"p{i}", "seed": i, "budget": 3} for i in range(6)]
+    gains = [np.array([0.1, 0.5 + i / 10]) for i in range(6)]  # the critic's gains on each baseline run
+
+    def fake_play(env, policies, options, progress=None):
+        if policies[0].gains_only:
+            for policy, g in zip(policies, gains):
+                policy.record.gains = list(g)
+            return [30.0] * len(policies)
+        for policy in policies:
+            policy.record.departures = [4]
+        return [30.0 + outcome] * len(policies)
+
+    monkeypatch.setattr(anchored, "play", fake_play)
+    algo = scalar_algo()
+    for outcome, expect_never in ((0.4, False), (-0.4, True)):
+        margin, record = choose_margin(env, algo, BASELINE, options, rates=(0.5, 0.1))
+        assert math.isinf(margin) == expect_never
+        assert (record["chosen"] is None) == expect_never
+        assert all(r["runs_leaving"] > 0 for r in record["candidates"])
+    # a candidate above every gain never leaves: gain 0 without playing, never chosen
+    margin, record = choose_margin(env, algo, BASELINE, options, rates=(0.0,))
+    assert record["candidates"][0]["episodes_played"] == 0 and math.isinf(margin)
+
+
+def test_anchored_arrays_keep_shapes_and_dtypes():
+    obs = [np.zeros((3, 6, 4, 8, 8), np.float32), np.zeros((3, 12, 8, 8), np.float32), np.zeros((3, 7), np.float32),
+           np.array([[1, 0], [1, 1], [0, 1]], np.float32)]
+    out = anchored_arrays(obs, np.array([0, 1, 1]))
+    assert out[2].shape == (3, 8) and out[2].dtype == np.float32 and list(out[2][:, 7]) == [0, 1, 1]
+    assert out[3].tolist() == [[1, 0], [1, 1], [1, 0]]
+
+
+# ----------------------------------------------------------------- the shipped scheduler
+def test_the_shipped_scheduler_loads_without_a_path_and_drives_accelerate():
+    from morca_env import schedulers
+    from morca_env.models.tiny import load_morca_tiny
+
+    from agents.checkpoint import verify
+    from agents.policy import shipped_checkpoint
+
+    verify(shipped_checkpoint())  # its sha256 sidecar ships with it
+    policy = schedulers.make("morca")
+    assert isinstance(policy, AnchoredPolicy) and policy.baseline.source
+    pipe = load_morca_tiny()
+    result = morca_env.accelerate(pipe, policy, budget=30, prompt="a red circle moving left on a black background",
+                                  height=16, width=16, num_frames=7, max_sequence_length=16, output_type="latent",
+                                  generator=torch.Generator().manual_seed(0))
+    assert sum(result.schedule) == 30
+    if policy.margin == math.inf:  # the chosen margin says "never leave": it is the best fixed schedule, exactly
+        spec = BudgetSpec(len(result.schedule), frozenset({0, len(result.schedule) - 1}))
+        assert result.schedule == policy.baseline.plan(spec, 30)
+
+
+def test_a_margin_for_a_plain_checkpoint_is_refused_and_a_shipped_one_holds_no_optimizer_state(tmp_path):
+    from morca_env import schedulers
+
+    from agents.checkpoint import load_state, save_learnable
+    from agents.policy import shipped_checkpoint
+    from tests.agents.test_agents import _scalar_algo
+
+    path = save_learnable(_scalar_algo(0), tmp_path / "plain.safetensors")
+    with pytest.raises(ValueError, match="margin= is an anchored scheduler's option"):
+        schedulers.make("morca", path=str(path), margin=0.1)
+    assert not any(name.endswith("optim") for name in load_state(shipped_checkpoint()).state)
