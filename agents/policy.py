@@ -66,7 +66,12 @@ class MorcaPolicy:
              trusted: bool = False) -> "MorcaPolicy":
         """A safe checkpoint (`.safetensors`); a legacy d3rlpy `.d3` pickle only with `trusted=True`."""
         from . import iql  # noqa: F401  (registers our config and encoder with d3rlpy)
+        from .anchored import anchor_of
         from .checkpoint import is_safe_format, load_learnable, read_header
+
+        if anchor_of(path) is not None:  # its network reads the anchored state: as a MorcaPolicy it would misread
+            raise ValueError(f"checkpoint {path} is an anchored scheduler: load it with "
+                             "morca_env.schedulers.make('morca', path=...) or agents.anchored.load_anchored")
 
         algo = load_learnable(path, device=device, trusted=trusted)
         training = json.loads(read_header(path)["training"]) if is_safe_format(path) else None  # legacy: no record

@@ -171,11 +171,12 @@ def test_the_margin_is_kept_only_where_validation_shows_a_gain_with_confidence(t
             return [30.0] * len(policies)
         for policy in policies:
             policy.record.departures = [4]
-        return [30.0 + outcome] * len(policies)
+        return [30.0 + outcome(i) for i in range(len(policies))]
 
     monkeypatch.setattr(anchored, "play", fake_play)
     algo = scalar_algo()
-    for outcome, expect_never in ((0.4, False), (-0.4, True)):
+    for outcome, expect_never in ((lambda i: 0.4 + 0.01 * i, False), (lambda i: -0.4, True),
+                                  (lambda i: 2.0 if i % 2 else -1.5, True)):  # a mean gain, but not a sure one
         margin, record = choose_margin(env, algo, BASELINE, options, rates=(0.5, 0.1))
         assert math.isinf(margin) == expect_never
         assert (record["chosen"] is None) == expect_never
@@ -225,3 +226,45 @@ def test_a_margin_for_a_plain_checkpoint_is_refused_and_a_shipped_one_holds_no_o
     with pytest.raises(ValueError, match="margin= is an anchored scheduler's option"):
         schedulers.make("morca", path=str(path), margin=0.1)
     assert not any(name.endswith("optim") for name in load_state(shipped_checkpoint()).state)
+    from agents.policy import MorcaPolicy
+
+    with pytest.raises(ValueError, match="is an anchored scheduler: load it with"):
+        MorcaPolicy.load(shipped_checkpoint())
+
+
+# ----------------------------------------------------------------- training on it
+def test_online_rounds_play_groups_led_by_the_baseline_with_group_relative_returns(tmp_path):
+    from agents.anchored import baseline_record
+    from agents.online import OnlineConfig, OnlineTrainer
+
+    env = tiny_env(tmp_path, prompts="tiny-train[5::22]")
+    anchor = {"baseline": baseline_record(BASELINE), "margin": None}
+    config = OnlineConfig(rounds=1, trajectories_per_round=8, warmup_epochs=1, joint_epochs=1, batch_size=8,
+                          speedup_range=(1.5, 2.5), max_steps_per_epoch=2, n_step=N, features="")
+    trainer = OnlineTrainer(env, config, tmp_path / "online", offline_algo=scalar_algo(), progress=False,
+                            anchor=anchor)
+    episodes, infos = trainer.collect(8)
+    keys = [(i["prompt"], i["seed"], i["budget"]) for i in infos]
+    assert keys[:4] == [keys[0]] * 4 and keys[4:] == [keys[4]] * 4 and keys[0] != keys[4]
+    assert all(np.asarray(episodes[i].actions).sum() == 0 for i in (0, 4))  # each group's leader follows
+    assert all(e.observations[2].shape == (N, 8) for e in episodes)
+    returns = [float(np.asarray(e.rewards).sum()) for e in episodes]
+    assert abs(sum(returns[:4])) < 1e-4 and abs(sum(returns[4:])) < 1e-4
+    psnr = [min(i["psnr"], 100.0) for i in infos]
+    assert np.allclose(returns[1], psnr[1] - np.mean(psnr[:4]), atol=1e-4)
+    trainer.run()
+    from agents.anchored import anchor_of
+
+    assert anchor_of(tmp_path / "online" / "final.safetensors")["baseline"] == anchor["baseline"]
+
+
+def test_anchored_training_refuses_data_without_groups(tmp_path, monkeypatch):
+    from agents.anchored import anchored_buffer
+    from morca_env import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    dataset = collect_dataset("morca/tiny/ungrouped-v0", "MorcaTinyRandom-v0", num_episodes=2,
+                              env_kwargs={"speedup": [1.5, 2.5], "num_inference_steps": N, "lpips": False})
+    buffer = to_replay_buffer(dataset, "tuple")
+    with pytest.raises(ValueError, match="have none: collect such data or train with --recipe paper"):
+        anchored_buffer([dataset], buffer, baseline=BASELINE)
