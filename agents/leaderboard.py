@@ -27,7 +27,9 @@ from pathlib import Path
 ENV_ID = "MorcaTiny-v0"
 DATASETS = {"mixture": "datasets/morca/tiny/mixture-v0.json", "random": "datasets/morca/tiny/random-v0.json"}
 RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-fixed",
-         "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact"}
+         "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact",
+         # trained once and shipped (agents/trained/README.md), so scored like a rule: one run, no training here
+         "MORCA anchored (shipped)": "morca"}
 OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
 ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
 
