@@ -1,4 +1,4 @@
-"""The adaptive-headroom measurement on MorcaTiny (docs/results/headroom_tiny.md), step by step.
+"""The adaptive-headroom measurement on MorcaTiny (docs/results/scheduler_tiny.md), step by step.
 
     python scripts/experiments/headroom.py --morca morca-offline=runs/quickstart/offline/final.safetensors \\
                                --morca morca-online=runs/quickstart/online/final.safetensors

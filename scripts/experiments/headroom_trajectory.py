@@ -4,7 +4,7 @@
         --workers 2 --out runs/trajectory
 
 A per-run searched schedule beats the best fixed schedule by ~1.5 dB at the same K, but no scheduler learned from
-the run reaches it (docs/results/headroom_tiny.md). Two different things could make a schedule win: it keeps the
+the run reaches it (docs/results/scheduler_tiny.md). Two different things could make a schedule win: it keeps the
 cached run closer to the no-cache run all along (the errors are smaller: a scheduler with a good error estimate
 could, in principle, follow it), or its errors are as large on the way and cancel in the last steps (the gain is in
 the final PSNR only, and nothing observable during the run announces it). This searches each (prompt, seed) from

@@ -1,7 +1,7 @@
 """A schedule library and a selector that picks one member per run after watching its first steps.
 
 Why: a schedule searched for one (prompt, seed) is worth +1.7 dB over the best fixed schedule on that run and
-nothing on the same prompt under another seed (docs/results/headroom_tiny.md), yet the best of a few
+nothing on the same prompt under another seed (docs/results/scheduler_tiny.md), yet the best of a few
 schedules searched for *other* runs reaches +1.2 dB: the per-run optimum lies in a few schedule families. So a
 scheduler can play a shared prefix (the best fixed schedule's first steps), read the run's state there, and
 switch to the library member it predicts best. Every member shares the prefix (searched with
@@ -9,7 +9,7 @@ switch to the library member it predicts best. Every member shares the prefix (s
 
 Here: greedy library selection from a reward matrix, the run's features at the switch step, playing a set
 of schedules on many runs in worker processes (resumable through the evaluation log), and a ridge selector.
-Measured on MorcaTiny at K = 35 (docs/results/headroom_tiny.md): a perfect choice among 5 members is worth
+Measured on MorcaTiny at K = 35 (docs/results/scheduler_tiny.md): a perfect choice among 5 members is worth
 +0.8 dB over the best fixed schedule, the ridge selectors learned from 200 or 781 runs nothing, so no
 library is shipped; the tools stay for other models, features and data sizes.
 """
