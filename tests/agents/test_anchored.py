@@ -73,6 +73,24 @@ def test_following_the_baseline_plays_the_best_fixed_schedule_and_reads_departur
     assert played[2] != planned[2] and sum(played) == 3  # the departure was repaid: K holds without projection
 
 
+def test_the_registry_names_play_the_baseline_and_the_grouped_behaviour(tmp_path):
+    import json
+
+    from morca_env import schedulers
+
+    path = tmp_path / "fixed.json"
+    path.write_text(json.dumps({"schedules": {str(k): v for k, v in BASELINE.schedules.items()}}))
+    env = tiny_env(tmp_path, prompts="tiny-train[5::22]", speedup=[1.5, 2.5])
+    follow = schedulers.make("follow-best-fixed", env, path=str(path))
+    assert rollout(env, follow, {"budget": 3}, seed=1).schedule == StaticSchedule(BASELINE.schedules).plan(SPEC, 3)
+    behaviour = schedulers.make("best-fixed-deviations", env, seed=4, path=str(path), group_size=2, rate=1.0)
+    options = behaviour.episode_options(4)  # group 2, its leader
+    assert rollout(env, behaviour, options, seed=4).schedule == StaticSchedule(BASELINE.schedules).plan(
+        SPEC, rollout(env, follow, options, seed=4).num_reuse)
+    with pytest.raises(ValueError, match="draws its groups' prompts from the env: pass env="):
+        schedulers.make("best-fixed-deviations", None, path=str(path))
+
+
 def test_grouped_behaviour_shares_options_and_its_leader_plays_the_baseline(tmp_path):
     env = tiny_env(tmp_path, prompts="tiny-train[5::22]", speedup=[1.5, 2.5])
     members = [BaselineDeviations(BASELINE, env, group_size=3, rate=0.5, speedups=[(1.5, 2.5)], seed=10 + i)

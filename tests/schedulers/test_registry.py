@@ -14,7 +14,8 @@ from morca_env.rollout import rollout
 KWARGS = {"random": {"seed": 0}, "fixed": {"schedule": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]},
           "seacache": {"delta": 0.3}, "threshold-curve": {"seed": 0, "speedup_range": [1.5, 2.5]},
           "mixture": {"components": [{"name": "uniform"}, {"name": "seacache", "delta": 0.2}], "seed": 0}}
-NEEDS_FILES = ("best-fixed", "jittered-best-fixed", "searched", "replay", "morca", "reinforce", "library")  # covered below, in test_search, test_agents, test_library
+NEEDS_FILES = ("best-fixed", "jittered-best-fixed", "searched", "replay", "morca", "reinforce", "library",
+               "follow-best-fixed", "best-fixed-deviations")  # below, in test_search, test_agents, test_anchored, test_library
 
 
 @pytest.fixture
@@ -45,13 +46,12 @@ def test_unknown_names_and_bad_options_say_what_is_valid(envs):
         schedulers.make("uniform", delta=0.3)
     with pytest.raises(ValueError, match="pass env="):
         schedulers.make("seacache-global")
-    try:  # with the agents extra the name is known and wants its checkpoint; without it, says which extra
+    try:  # with the agents extra the name loads the shipped scheduler; without it, says which extra
         import d3rlpy  # noqa: F401
-        expected = (ValueError, "needs a checkpoint")
+        assert type(schedulers.make("morca")).__name__ == "AnchoredPolicy"
     except ImportError:
-        expected = (MissingExtra, r"morca-gym\[agents\]")
-    with pytest.raises(expected[0], match=expected[1]):
-        schedulers.make("morca")
+        with pytest.raises(MissingExtra, match=r"morca-gym\[agents\]"):
+            schedulers.make("morca")
     assert isinstance(schedulers.make("behaviour", envs[0], seed=1), schedulers.behaviour.ThresholdCurve)
 
 
