@@ -200,11 +200,14 @@ def baseline_of(record: dict) -> StaticSchedule:
 
 def anchor_of(path) -> dict | None:
     """The anchored record of a safe checkpoint's header (None for a plain MORCA checkpoint)."""
-    from .checkpoint import is_safe_format, read_header
+    from .checkpoint import CheckpointError, is_safe_format, read_header
 
     if not Path(path).is_file() or not is_safe_format(path):
         return None  # a missing file or a legacy pickle: the plain loader says what is wrong with it
-    training = json.loads(read_header(path).get("training") or "null")
+    try:
+        training = json.loads(read_header(path).get("training") or "null")
+    except (CheckpointError, ValueError):
+        return None  # a damaged file: the plain loader verifies its checksum and names the damage
     return training.get(ANCHOR) if isinstance(training, dict) else None
 
 

@@ -129,10 +129,11 @@ def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     stdout = run_script(["-m", "morca_env.commands", "quickstart", "--out", str(out), "--episodes", "4", "--workers", "1",
                          "--offline-epochs", "1", "--max-steps-per-epoch", "2", "--rounds", "1", "--trajectories", "2",
                          "--warmup-epochs", "1", "--joint-epochs", "1", "--online-steps-per-epoch", "2",
-                         "--eval-prompts", "1", "--targets", "2.0"], tmp_path, timeout=1800)
+                         "--eval-prompts", "1", "--validation-pairs", "2", "--targets", "2.0"], tmp_path, timeout=1800)
     assert "quickstart finished" in stdout
     table = (out / "eval" / "table.md").read_text()
-    assert "morca-online" in table and "seacache-global" in table
+    assert "morca-online" in table and "morca-shipped" in table and "seacache-global" in table
+    assert (out / "online" / "anchored.json").exists()  # the margin, chosen on validation pairs
 
 
 def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
