@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
         if not (run_dir / "final.safetensors").exists():
             run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
-                ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.epochs),
+                ["scripts/train_offline.py", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.epochs),
                  "--features", VARIANTS[name], "--n-step", str(args.n_step), "--seed", str(args.seed), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.safetensors'}")

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
                      "--joint-epochs", str(args.joint_epochs), "--n-step", str(args.n_step), *cap]
     offline = out / "offline"
     if not (offline / "final.safetensors").exists():
-        run("offline IQL", ["scripts/train_offline.py", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
+        run("offline IQL", ["scripts/train_offline.py", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
                             *subset, "--features", args.features, "--n-step", str(args.n_step),
                             "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
     o2o = out / "offline_to_online"
