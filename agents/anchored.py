@@ -165,7 +165,7 @@ class AnchoredPolicy:
     @torch.no_grad()
     def gain(self, obs, proposed: int) -> float:
         """The critic's predicted gain (dB) of leaving the baseline here: min-Q(leave) - min-Q(follow)."""
-        q = self.algo.impl._q_func_forwarder.compute_expected_q(self._inputs(obs, proposed), reduction="min")[0]
+        q = self.algo.impl.q_values(self._inputs(obs, proposed))[0]
         return float(q[LEAVE] - q[FOLLOW])
 
     @torch.no_grad()

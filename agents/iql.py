@@ -193,6 +193,11 @@ class DiscreteIQLImpl(DiscreteQFunctionMixin, QLearningAlgoImplBase):
         return metrics
 
     # ---------------------------------------------------------------- acting
+    def q_values(self, x) -> torch.Tensor:
+        """min over the twin critics of Q(x, a) for both actions, shape (batch, 2): what IQL's targets use, and what
+        a critic-gated scheduler reads (`agents.anchored`)."""
+        return self._q_func_forwarder.compute_expected_q(x, reduction="min")
+
     def inner_predict_best_action(self, x) -> torch.Tensor:
         return self._modules.policy(x).argmax(dim=1)
 

@@ -143,8 +143,7 @@ def test_anchored_episodes_mark_departures_append_the_baseline_and_swap_the_mask
 def test_margin_never_is_the_baseline_bit_for_bit_without_a_network_call(tmp_path, monkeypatch):
     env = tiny_env(tmp_path, budget=3)
     algo = scalar_algo()
-    monkeypatch.setattr(algo.impl._q_func_forwarder, "compute_expected_q",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("network called")))
+    monkeypatch.setattr(algo.impl, "q_values", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network called")))
     policy = AnchoredPolicy(algo, BASELINE)
     assert rollout(env, policy, seed=5).schedule == rollout(env, FollowBaseline(BASELINE), seed=5).schedule
     assert policy.record.departures == []
@@ -154,11 +153,11 @@ def test_the_switch_leaves_exactly_where_the_critics_gain_exceeds_the_margin(tmp
     env = tiny_env(tmp_path, budget=3)
     algo = scalar_algo()
 
-    def q_values(x, reduction="min"):  # leaving gains 2 dB at step 3 only (t = remaining / N in the scalars)
+    def q_values(x):  # leaving gains 2 dB at step 3 only (t = remaining / N in the scalars)
         step = int(round(N * (1 - float(x[2][0, 2]))))
         return torch.tensor([[0.0, 2.0 if step == 3 else -1.0]])
 
-    monkeypatch.setattr(algo.impl._q_func_forwarder, "compute_expected_q", q_values)
+    monkeypatch.setattr(algo.impl, "q_values", q_values)
     baseline = rollout(env, FollowBaseline(BASELINE), seed=5).schedule
     for margin, leaves in ((1.0, [3]), (2.5, [])):
         policy = AnchoredPolicy(algo, BASELINE, margin)
@@ -286,3 +285,20 @@ def test_anchored_training_refuses_data_without_groups(tmp_path, monkeypatch):
     buffer = to_replay_buffer(dataset, "tuple")
     with pytest.raises(ValueError, match="have none: collect such data or train with --recipe paper"):
         anchored_buffer([dataset], buffer, baseline=BASELINE)
+
+
+def test_the_gain_is_the_twin_critics_minimum_of_leaving_minus_that_of_following(tmp_path):
+    env = tiny_env(tmp_path, budget=3)
+    algo = scalar_algo(1)
+    policy = AnchoredPolicy(algo, BASELINE, margin=0.0)
+    obs, info = env.reset(seed=2)
+    policy.reset(obs, info)
+    obs, *_ = env.step(0)
+    proposed = policy.follow.baseline_action(obs)
+    x = policy._inputs(obs, proposed)
+    with torch.no_grad():
+        q = torch.stack([f(x).q_value[0] for f in algo.impl.q_function])  # (critics, actions)
+    expected = float(q[:, 1].min() - q[:, 0].min())
+    assert policy.gain(obs, proposed) == pytest.approx(expected, abs=1e-6)
+    # the case discriminates: one critic alone (or their mean) would give another gain
+    assert not np.isclose(float((q[:, 1] - q[:, 0]).mean()), expected)
