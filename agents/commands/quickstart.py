@@ -1,4 +1,4 @@
-"""MORCA gym quickstart: the whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~15 min, plus ~2 min of setup).
+"""MORCA gym quickstart: the whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~10 min, plus ~2 min of setup).
 
     morca quickstart                      # the default (anchored) recipe at quick sizes (the README's main command)
     morca quickstart --recipe paper       # the paper's recipe (mixture data, plain IQL) at quick sizes
