@@ -132,7 +132,7 @@ class AnchoredPolicy:
     learned = True
 
     def __init__(self, algo, baseline: StaticSchedule, margin: float = NEVER, deterministic: bool = True,
-                 trained_steps: int | None = None, gains_only: bool = False):
+                 gains_only: bool = False):
         if not margin >= 0:
             raise ValueError(f"margin={margin!r} must be >= 0 dB (inf: never leave the baseline)")
         impl = getattr(algo, "impl", None)
@@ -143,7 +143,7 @@ class AnchoredPolicy:
             raise ValueError(f"an anchored scheduler needs a network trained on the anchored state ({NUM_SCALARS} + 1 "
                              f"scalars, tuple form); this one reads {shape!r}")
         self.algo, self.baseline, self.margin = algo, baseline, float(margin)
-        self.deterministic, self.trained_steps, self.gains_only = deterministic, trained_steps, gains_only
+        self.deterministic, self.gains_only = deterministic, gains_only
         factory = getattr(algo.config, "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))
         self._device = getattr(impl, "device", "cpu")
@@ -215,7 +215,7 @@ def load_anchored(path, margin: float | None = None, device: str = "cpu", determ
                   trusted: bool = False) -> AnchoredPolicy:
     """An anchored checkpoint as a scheduler: its own margin (chosen on validation) unless `margin` is given.
     (`trusted` is accepted for the loaders' common signature: anchored checkpoints are always safetensors.)"""
-    from .checkpoint import load_learnable, read_header
+    from .checkpoint import load_learnable
 
     anchor = anchor_of(path)
     if anchor is None:
@@ -223,9 +223,9 @@ def load_anchored(path, margin: float | None = None, device: str = "cpu", determ
                          "MorcaPolicy.load")
     chosen = anchor.get("margin")
     margin = (NEVER if chosen is None else float(chosen)) if margin is None else float(margin)
-    steps = json.loads(read_header(path)["training"]).get("num_steps")
+    # another step count is refused by the baseline's plan, naming both (StaticSchedule.plan)
     return AnchoredPolicy(load_learnable(path, device=device), baseline_of(anchor["baseline"]), margin,
-                          deterministic, steps)
+                          deterministic)
 
 
 def with_margin(path, out, margin: float, selection: dict) -> Path:
