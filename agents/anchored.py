@@ -104,6 +104,22 @@ def anchored_episodes(episodes: list[Episode], keys: list[tuple], baseline: Stat
     return out
 
 
+def check_led_by(episodes: list[Episode], keys: list[tuple], baseline: StaticSchedule, names=()) -> None:
+    """Refuse grouped data that was not collected around `baseline`: every group's leader played it action for
+    action, so a group without an episode that never leaves it was led by another schedule (data collected
+    before the best fixed schedule was refitted, or around a user's own). Its labels would be wrong, silently."""
+    led: dict = {}
+    for episode, key in zip(episodes, keys):
+        led[key] = led.get(key, False) or not np.asarray(episode.actions).any()
+    unled = [key for key, ok in led.items() if not ok]
+    if unled:
+        prompt, seed, budget = unled[0]
+        raise ValueError(f"{len(unled)} of {len(led)} groups of {', '.join(names) or 'the data'} have no episode "
+                         f"that plays the baseline ({baseline.source}), e.g. K={budget} on {prompt!r} (seed {seed}): "
+                         "the data was collected around another schedule. Recollect it, or pass the schedules file "
+                         "it was collected with (morca train --baseline PATH)")
+
+
 def departure_share(episodes: list[Episode]) -> float:
     """The share of anchored episodes' free steps that left the baseline (for logs and notes)."""
     free = sum(int((np.asarray(e.observations[MASK_INDEX]).min(axis=1) > 0.5).sum()) for e in episodes)
@@ -228,14 +244,18 @@ def load_anchored(path, margin: float | None = None, device: str = "cpu", determ
                           deterministic)
 
 
-def with_margin(path, out, margin: float, selection: dict) -> Path:
+def with_margin(path, out, margin: float, selection: dict, baseline: StaticSchedule | None = None) -> Path:
     """A copy of anchored checkpoint `path` at `out` whose record holds the chosen margin and how it was chosen: a
-    scheduler to play (or ship), so without optimizer state."""
+    scheduler to play (or ship), so without optimizer state. `baseline` re-anchors it to other fixed schedules (the
+    margin must then have been chosen around them); the one it was trained around stays in the record."""
     from .checkpoint import load_learnable, read_header, save_learnable
 
     training = json.loads(read_header(path)["training"])
-    training[ANCHOR] = {**training[ANCHOR], "margin": None if margin == NEVER else float(margin),
-                        "selection": selection}
+    anchor = {**training[ANCHOR], "margin": None if margin == NEVER else float(margin), "selection": selection}
+    if baseline is not None and baseline_record(baseline) != anchor["baseline"]:
+        anchor["trained_around"] = anchor.get("trained_around", anchor["baseline"])
+        anchor["baseline"] = baseline_record(baseline)
+    training[ANCHOR] = anchor
     return save_learnable(load_learnable(path), out, training, optimizers=False)
 
 
@@ -339,5 +359,6 @@ def anchored_buffer(datasets: list, buffer, episode_indices=None, n_step: int = 
                          "or train with --recipe paper")
     baseline = baseline or StaticSchedule.packaged(model_of_dataset(datasets[0]))
     episodes = anchored_episodes(list(buffer.episodes), keys, baseline)
+    check_led_by(episodes, keys, baseline, [d.spec.dataset_id for d in datasets])
     anchor = {"baseline": baseline_record(baseline), "margin": None, "data_departures": departure_share(episodes)}
     return make_buffer(episodes, n_step), anchor

@@ -30,6 +30,7 @@ from morca_env.cli import json_dict, positive_int, show_library_messages, speedu
 from morca_env.io import atomic_write_text
 from morca_env.prompts import get_suite
 from morca_env.registration import register_envs
+from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.threads import configure_threads
 from morca_env.workers import default_num_envs
 
@@ -43,9 +44,25 @@ def parse_args(argv=None):
     p.add_argument("--prompts", default="tiny-train[7::44]", help="validation prompt suite (each with its fixed seed)")
     p.add_argument("--pairs", type=positive_int, default=24, help="validation (prompt, seed) pairs: the suite's first N")
     p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
+    p.add_argument("--baseline", default="checkpoint",
+                   help="the fixed schedules the scheduler is anchored to: 'checkpoint' (the ones it was trained "
+                        "around), 'packaged' (the model's best fixed schedule as shipped now: re-anchor a "
+                        "checkpoint after a refit) or a schedules file (morca fit-fixed writes them)")
     p.add_argument("--num-envs", type=positive_int, default=None, help="episodes played as one batch")
     p.add_argument("--threads", type=positive_int, default=None)
     return p.parse_args(argv)
+
+
+def baseline_named(name: str, anchor: dict, env_id: str) -> StaticSchedule:
+    """--baseline: the checkpoint's own schedules, the model's packaged best fixed schedule, or a schedules file."""
+    if name == "checkpoint":
+        return baseline_of(anchor["baseline"])
+    if name == "packaged":
+        return StaticSchedule.packaged(gym.spec(env_id).kwargs["model"])
+    try:
+        return StaticSchedule.from_file(name)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"--baseline {name!r} is not 'checkpoint', 'packaged' or a schedules file: {error}") from None
 
 
 def main(argv=None) -> int:
@@ -59,21 +76,23 @@ def main(argv=None) -> int:
         algo = load_learnable(args.checkpoint)
     except (CheckpointError, OSError) as error:
         raise SystemExit(f"checkpoint: {error}") from None
+    register_envs()
+    baseline = baseline_named(args.baseline, anchor, args.env)
     pairs = get_suite(args.prompts).pairs()
     if args.pairs > len(pairs):
         raise SystemExit(f"--pairs {args.pairs}: the suite {args.prompts!r} has {len(pairs)} pairs")
     options = [{"prompt": prompt, "seed": seed, "speedup": target}
                for prompt, seed in pairs[:args.pairs] for target in args.targets]
-    register_envs()
     features = bool(algo.config.actor_encoder_factory.features)
     kwargs = {"lpips": False, "prompts": args.prompts, "latent_features": features, **args.env_kwargs}
     num_envs = args.num_envs or default_num_envs(args.env, kwargs)
     env = (gym.make(args.env, **kwargs) if num_envs == 1
            else gym.make_vec(args.env, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs))
-    margin, record = choose_margin(env, algo, baseline_of(anchor["baseline"]), options, LEAVE_RATES)
-    record.update(prompts=args.prompts, pairs=args.pairs, targets=list(args.targets), checkpoint=str(args.checkpoint))
+    margin, record = choose_margin(env, algo, baseline, options, LEAVE_RATES)
+    record.update(prompts=args.prompts, pairs=args.pairs, targets=list(args.targets), checkpoint=str(args.checkpoint),
+                  baseline=baseline.source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with_margin(args.checkpoint, args.out, margin, record)
+    with_margin(args.checkpoint, args.out, margin, record, baseline)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
     for row in record["candidates"]:
         print(f"margin {row['margin']:.3f} dB: {row['gain_db']:+.3f} +- {row['ci95_db']:.3f} dB vs best fixed, "

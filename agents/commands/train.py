@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
@@ -25,6 +26,7 @@ from agents.offline import OfflineConfig, OfflineTrainer
 from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
                            show_library_messages)
 from morca_env.data import first_episodes, to_replay_buffer
+from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.threads import configure_threads
 
 
@@ -36,6 +38,9 @@ def parse_args(argv=None):
                         "return, on any MORCA dataset")
     p.add_argument("--dataset", nargs="+", default=["morca/tiny/anchored-v0"],
                    help="Minari dataset id(s); several are trained on together (--episodes limits the first)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="anchored: the fixed schedules file the data was collected around (default: the packaged "
+                        "best fixed schedule of the dataset's model; morca fit-fixed writes such files)")
     p.add_argument("--epochs", type=positive_int, default=200)
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate of all networks")
     p.add_argument("--batch-size", type=positive_int, default=256)
@@ -64,8 +69,9 @@ def main(argv=None) -> int:
     anchor = None
     if args.recipe == "anchored":
         try:
-            buffer, anchor = anchored_buffer(datasets, buffer, indices, args.n_step)
-        except ValueError as error:
+            baseline = None if args.baseline is None else StaticSchedule.from_file(args.baseline)
+            buffer, anchor = anchored_buffer(datasets, buffer, indices, args.n_step, baseline)
+        except (ValueError, OSError) as error:
             raise SystemExit(f"--recipe anchored: {error}") from None
     config = OfflineConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size, beta=args.beta,
                            max_weight=args.w_max, expectile=args.expectile, features=args.features,

@@ -82,6 +82,8 @@ def main(argv=None) -> int:
         env.close()
     source = (f"scripts/fit_fixed_schedule.py --prompts {args.prompts} --evaluations {args.evaluations} "
               f"--seed {args.seed}" + (f" --select-on {args.select_on}" if validation else "") + f" ({args.env})")
+    for fit in fits.values():  # a merged file keeps each K's own command (the file's "source" is the latest)
+        fit["source"] = source
     atomic_write_text(path, json.dumps({"source": source, "prompts": args.prompts, "select_on": args.select_on,
                                         "schedules": {**old.get("schedules", {}), **fitted},
                                         "fits": {**old.get("fits", {}), **fits}}, indent=1) + "\n")

@@ -114,19 +114,23 @@ def test_group_relative_returns_remove_each_groups_mean():
     assert np.allclose(out, [-0.5, 0.5, -1.0, 1.0, 0.0])
 
 
+def recorded(actions, psnr: float, rng) -> Episode:
+    """A recorded 8-step episode (tuple observations, terminal PSNR) that played `actions`."""
+    budget = int(sum(actions))
+    masks = np.array([SPEC.action_mask(t, int(sum(actions[:t])), budget) for t in range(N)], np.float32)
+    rewards = np.zeros((N, 1), np.float32)
+    rewards[-1] = psnr
+    return Episode(observations=[rng.normal(size=(N, 6, 4, 8, 8)).astype(np.float32),
+                                 rng.normal(size=(N, 12, 8, 8)).astype(np.float32),
+                                 rng.uniform(size=(N, 7)).astype(np.float32), masks],
+                   actions=np.array(actions).reshape(N, 1), rewards=rewards, terminated=True)
+
+
 def test_anchored_episodes_mark_departures_append_the_baseline_and_swap_the_mask():
     rng = np.random.default_rng(0)
     schedule = BASELINE.plan(SPEC, 4)
     played = [0, 0, 1, 1, 1, 0, 1, 0]  # left the baseline at step 1 (and the re-plan follows)
-    episodes = []
-    for actions, psnr in ((schedule, 30.0), (played, 31.0)):
-        masks = np.array([SPEC.action_mask(t, int(sum(actions[:t])), 4) for t in range(N)], np.float32)
-        rewards = np.zeros((N, 1), np.float32)
-        rewards[-1] = psnr
-        episodes.append(Episode(observations=[rng.normal(size=(N, 6, 4, 8, 8)).astype(np.float32),
-                                              rng.normal(size=(N, 12, 8, 8)).astype(np.float32),
-                                              rng.uniform(size=(N, 7)).astype(np.float32), masks],
-                                actions=np.array(actions).reshape(N, 1), rewards=rewards, terminated=True))
+    episodes = [recorded(schedule, 30.0, rng), recorded(played, 31.0, rng)]
     out = anchored_episodes(episodes, [("p", 1, 4)] * 2, BASELINE, SPEC)
     assert np.asarray(out[0].actions).sum() == 0  # the baseline never leaves itself
     proposed = baseline_actions(schedule, SPEC, played)
@@ -137,6 +141,38 @@ def test_anchored_episodes_mark_departures_append_the_baseline_and_swap_the_mask
     assert np.array_equal(out[1].observations[3][:, 0], masks[np.arange(N), proposed])  # follow ok
     assert np.array_equal(out[1].observations[3][:, 1], masks[np.arange(N), 1 - proposed])  # leave ok
     assert [float(e.rewards[-1, 0]) for e in out] == [-0.5, 0.5] and not np.asarray(out[1].rewards)[:-1].any()
+
+
+def test_data_collected_around_another_schedule_is_refused_naming_a_group():
+    rng = np.random.default_rng(1)
+    keys = [("p", 1, 4)] * 2 + [("q", 2, 2)] * 2
+    played = [BASELINE.plan(SPEC, 4), [0, 0, 1, 1, 1, 0, 1, 0], BASELINE.plan(SPEC, 2), [0, 1, 0, 0, 0, 1, 0, 0]]
+    episodes = [recorded(actions, 30.0 + i, rng) for i, actions in enumerate(played)]
+    anchored.check_led_by(anchored_episodes(episodes, keys, BASELINE, SPEC), keys, BASELINE)  # led by it: fine
+    refit = StaticSchedule({2: [0, 1, 0, 0, 1, 0, 0, 0], 4: [0, 1, 0, 1, 1, 0, 1, 0]}, "a refit")
+    with pytest.raises(ValueError, match=r"1 of 2 groups of d/v0 have no episode that plays the baseline \(a refit\), "
+                                         r"e\.g\. K=2 on 'q' \(seed 2\).*--baseline PATH"):
+        anchored.check_led_by(anchored_episodes(episodes, keys, refit, SPEC), keys, refit, ["d/v0"])
+
+
+def test_a_scheduler_reanchored_to_a_refit_plays_the_refit_and_remembers_what_it_was_trained_around(tmp_path):
+    from agents.anchored import anchor_of, baseline_record, load_anchored, with_margin
+    from agents.checkpoint import save_learnable
+
+    source = save_learnable(scalar_algo(), tmp_path / "trained.safetensors",
+                            {anchored.ANCHOR: {"baseline": baseline_record(BASELINE), "margin": None}})
+    refit = StaticSchedule({**BASELINE.schedules, 3: [0, 1, 0, 0, 1, 1, 0, 0]}, "a refit")
+    out = with_margin(source, tmp_path / "rebased.safetensors", anchored.NEVER, {"chosen": None}, refit)
+    anchor = anchor_of(out)
+    assert anchor["baseline"] == baseline_record(refit) and anchor["trained_around"] == baseline_record(BASELINE)
+    policy = load_anchored(out)
+    assert policy.baseline.plan(SPEC, 3) == [0, 1, 0, 0, 1, 1, 0, 0] != BASELINE.plan(SPEC, 3)
+    again = with_margin(out, tmp_path / "again.safetensors", anchored.NEVER, {"chosen": None})  # no baseline: kept
+    assert anchor_of(again)["baseline"] == baseline_record(refit)
+    assert anchor_of(again)["trained_around"] == baseline_record(BASELINE)
+    third = StaticSchedule({**BASELINE.schedules, 3: [0, 1, 1, 0, 1, 0, 0, 0]}, "a second refit")
+    twice = anchor_of(with_margin(out, tmp_path / "twice.safetensors", anchored.NEVER, {"chosen": None}, third))
+    assert twice["baseline"] == baseline_record(third) and twice["trained_around"] == baseline_record(BASELINE)
 
 
 # ----------------------------------------------------------------- the scheduler

@@ -152,6 +152,7 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     assert "over 1 prompts: kept" in stdout
     fits = json.loads(fixed.read_text())["fits"]
     assert all({"validation_psnr", "uniform_validation_psnr", "kept"} <= set(fit) for fit in fits.values())
+    assert all("--prompts tiny-train:2" in fit["source"] for fit in fits.values())  # each K keeps its own command
     out = tmp_path / "eval"
     run_script(["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
                 "--targets", "1.8", "--videos", "0", "--threads", "1", "--out", str(out), "--baselines", "uniform",
