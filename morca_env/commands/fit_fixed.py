@@ -2,17 +2,18 @@
 
     morca fit-fixed --budgets 34 39 44                       # MorcaTiny, 12 spread tiny-train prompts
     morca fit-fixed --budgets 34 39 44 --prompts tiny-train:16 --evaluations 200 --workers 2
-    morca fit-fixed --budgets 29 30 34 35 38 39 --prompts 'tiny-train[::464]' --evaluations 80 \
+    morca fit-fixed --budgets $(seq 26 42) --prompts 'tiny-train[::464]' --evaluations 80 \
         --select-on 'tiny-train[11:2651:132]' --fresh --save packaged      # how the shipped one was made
 
 One `morca_env.search` hill climb per K (each candidate played on every
 training prompt); resumable (`--out` keeps every evaluated episode). With
-`--select-on`, each K keeps its fitted schedule only if it beats uniform spacing
-on those validation prompts (disjoint from the training ones), else uniform
-spacing. Writes the schedules as a `StaticSchedule` file (`--save`, default: the
-user calibration directory, where `StaticSchedule.packaged` finds it; `--save
-packaged` writes the copy shipped with the package), merged into the K's already
-there unless `--fresh`.
+`--select-on`, each K keeps whichever of its fitted schedule, uniform spacing and
+(merging into a file) the schedule the file served at that K before scores best
+on those validation prompts (disjoint from the training ones). Writes the
+schedules as a `StaticSchedule` file (`--save`, default: the user calibration
+directory, where `StaticSchedule.packaged` finds it; `--save packaged` writes
+the copy shipped with the package), merged into the K's already there unless
+`--fresh`.
 """
 
 from __future__ import annotations
@@ -73,11 +74,18 @@ def main(argv=None) -> int:
     fits = {str(r["budget"]): {"train_psnr": r["value"], "uniform_train_psnr": r["start_value"],
                                "evaluations": r["evaluations"]} for r in results}
     if validation:
+        from morca_env.schedulers.fixed import StaticSchedule
         from morca_env.search import validated_schedule
 
         env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs)
+        served = StaticSchedule(old["schedules"]) if old.get("schedules") else None
         for k, schedule in tqdm(list(fitted.items()), desc="validation", unit="K"):
-            fitted[k], scores = validated_schedule(env, schedule, validation, args.out / f"validation_K{int(k):03d}.jsonl")
+            alternatives = {}
+            if served is not None and int(k) not in served.schedules:  # what the file played at K before this fit
+                nearest = min(served.schedules, key=lambda n: (abs(n - int(k)), n))
+                alternatives[f"moved from K={nearest}"] = served.plan(spec, int(k))
+            fitted[k], scores = validated_schedule(env, schedule, validation, args.out / f"validation_K{int(k):03d}.jsonl",
+                                                   alternatives)
             fits[k].update(scores)
         env.close()
     source = (f"scripts/fit_fixed_schedule.py --prompts {args.prompts} --evaluations {args.evaluations} "
@@ -92,8 +100,10 @@ def main(argv=None) -> int:
         line = (f"K={r['budget']}: mean training PSNR {r['value']:.2f} dB (uniform {r['start_value']:.2f}), "
                 f"{r['evaluations']} schedules x {len(pairs)} prompts")
         if "kept" in fit:
-            line += (f"; validation {fit['validation_psnr']:.2f} dB (uniform {fit['uniform_validation_psnr']:.2f}) "
-                     f"over {len(validation)} prompts: kept {fit['kept']}")
+            others = "".join(f", {name[:-len('_validation_psnr')]} {v:.2f}" for name, v in fit.items()
+                             if name.endswith("_validation_psnr"))
+            line += (f"; validation {fit['validation_psnr']:.2f} dB ({others[2:]}) over {len(validation)} prompts: "
+                     f"kept {fit['kept']}")
         print(line)
     print(f"wrote {path}")
     return 0

@@ -153,6 +153,15 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     fits = json.loads(fixed.read_text())["fits"]
     assert all({"validation_psnr", "uniform_validation_psnr", "kept"} <= set(fit) for fit in fits.values())
     assert all("--prompts tiny-train:2" in fit["source"] for fit in fits.values())  # each K keeps its own command
+    new = max(budgets) + 1  # merged into the file: the schedule it served at K before is a candidate too
+    stdout = run_script(["-m", "morca_env.commands", "fit-fixed", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
+                         "--prompts", "tiny-train:2", "--budgets", str(new), "--evaluations", "1",
+                         "--out", str(tmp_path / "fit"), "--select-on", "tiny-train[5:6]", "--save", str(fixed)],
+                        tmp_path)
+    merged = json.loads(fixed.read_text())
+    assert f"moved from K={max(budgets)}" in stdout and set(merged["schedules"]) == set(map(str, budgets + [new]))
+    assert f"moved from K={max(budgets)}_validation_psnr" in merged["fits"][str(new)]
+    assert merged["fits"][str(max(budgets))] == fits[str(max(budgets))]  # the K's already there are kept as they were
     out = tmp_path / "eval"
     run_script(["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs, "--prompts", "2",
                 "--targets", "1.8", "--videos", "0", "--threads", "1", "--out", str(out), "--baselines", "uniform",

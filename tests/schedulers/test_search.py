@@ -218,6 +218,12 @@ def test_validation_keeps_the_fitted_schedule_only_where_it_beats_uniform(env, t
     logged = len((tmp_path / "log.jsonl").read_text().splitlines())
     validated_schedule(env, better, pairs, tmp_path / "log.jsonl")
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == logged == 3
+    # a schedule the file served before is kept where it scores higher, under its name, with every score
+    kept, scores = validated_schedule(env, crowded, pairs, tmp_path / "log.jsonl", {"moved from K=9": better})
+    assert kept == better and scores["kept"] == "moved from K=9"
+    assert scores["moved from K=9_validation_psnr"] > scores["uniform_validation_psnr"] > scores["validation_psnr"]
+    with pytest.raises(ValueError, match="alternative 'short' must be a new name and a schedule of 20 steps with K=8"):
+        validated_schedule(env, better, pairs, alternatives={"short": better[:-1]})
 
 
 def test_transfer_matrix_plays_every_schedule_on_every_pair_and_refuses_mixed_k(env, tmp_path):
