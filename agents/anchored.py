@@ -104,20 +104,32 @@ def anchored_episodes(episodes: list[Episode], keys: list[tuple], baseline: Stat
     return out
 
 
-def check_led_by(episodes: list[Episode], keys: list[tuple], baseline: StaticSchedule, names=()) -> None:
-    """Refuse grouped data that was not collected around `baseline`: every group's leader played it action for
-    action, so a group without an episode that never leaves it was led by another schedule (data collected
-    before the best fixed schedule was refitted, or around a user's own). Its labels would be wrong, silently."""
-    led: dict = {}
-    for episode, key in zip(episodes, keys):
-        led[key] = led.get(key, False) or not np.asarray(episode.actions).any()
-    unled = [key for key, ok in led.items() if not ok]
-    if unled:
-        prompt, seed, budget = unled[0]
-        raise ValueError(f"{len(unled)} of {len(led)} groups of {', '.join(names) or 'the data'} have no episode "
-                         f"that plays the baseline ({baseline.source}), e.g. K={budget} on {prompt!r} (seed {seed}): "
-                         "the data was collected around another schedule. Recollect it, or pass the schedules file "
-                         "it was collected with (morca train --baseline PATH)")
+def check_led_by(episodes: list[Episode], leaders: list[bool], baseline: StaticSchedule, names=()) -> None:
+    """Refuse grouped data that was not collected around `baseline`: each group's leader (`leaders`: its first
+    episode) played it action for action, so a leader that leaves it was following another schedule (data collected
+    before the best fixed schedule was refitted, or around a user's own). Its labels would be wrong, silently.
+    (Only leaders are checked: a group's members may land on different K, seed rounding, so not every (prompt, seed,
+    K) subgroup holds a baseline episode.)"""
+    strayed = [i for i, (episode, leader) in enumerate(zip(episodes, leaders))
+               if leader and np.asarray(episode.actions).any()]
+    if strayed:
+        raise ValueError(f"{len(strayed)} of {sum(leaders)} group leaders in {', '.join(names) or 'the data'} do not "
+                         f"play the baseline ({baseline.source}), e.g. episode {strayed[0]}: the data was collected "
+                         "around another schedule. Recollect it, or pass the schedules file it was collected with "
+                         "(morca train --baseline PATH)")
+
+
+def group_leaders(dataset, indices) -> list[bool]:
+    """Which of a grouped dataset's episodes `indices` lead their group: every `group_size`-th of the recipe's
+    behaviour (`best-fixed-deviations` numbers its episodes in collection order); none for other behaviours."""
+    try:
+        behavior = json.loads(dataset.storage.metadata.get("morca_recipe") or "{}").get("behavior")
+    except (ValueError, AttributeError):
+        behavior = None
+    if not isinstance(behavior, dict) or behavior.get("name") != "best-fixed-deviations":
+        return [False] * len(indices)
+    size = int(behavior.get("group_size", 4))
+    return [int(j) % size == 0 for j in indices]
 
 
 def departure_share(episodes: list[Episode]) -> float:
@@ -341,10 +353,12 @@ def anchored_buffer(datasets: list, buffer, episode_indices=None, n_step: int = 
 
     from .training import make_buffer
 
-    metas = []
+    metas, leaders = [], []
     for i, dataset in enumerate(datasets):
         every = episode_options(dataset)
-        metas += [every[j] for j in (episode_indices if i == 0 and episode_indices is not None else range(len(every)))]
+        indices = list(episode_indices if i == 0 and episode_indices is not None else range(len(every)))
+        metas += [every[j] for j in indices]
+        leaders += group_leaders(dataset, indices)
     if len(metas) != len(buffer.episodes):
         raise ValueError(f"{len(metas)} episode records for {len(buffer.episodes)} episodes")
     for meta, episode in zip(metas, buffer.episodes):
@@ -359,6 +373,6 @@ def anchored_buffer(datasets: list, buffer, episode_indices=None, n_step: int = 
                          "or train with --recipe paper")
     baseline = baseline or StaticSchedule.packaged(model_of_dataset(datasets[0]))
     episodes = anchored_episodes(list(buffer.episodes), keys, baseline)
-    check_led_by(episodes, keys, baseline, [d.spec.dataset_id for d in datasets])
+    check_led_by(episodes, leaders, baseline, [d.spec.dataset_id for d in datasets])
     anchor = {"baseline": baseline_record(baseline), "margin": None, "data_departures": departure_share(episodes)}
     return make_buffer(episodes, n_step), anchor

@@ -1,6 +1,7 @@
 """The anchored recipe: the baseline from any state, grouped behaviour data, the residual state and return, the
 critic-gated switch and its margin chosen on validation episodes."""
 
+import json
 import math
 
 import d3rlpy
@@ -143,16 +144,51 @@ def test_anchored_episodes_mark_departures_append_the_baseline_and_swap_the_mask
     assert [float(e.rewards[-1, 0]) for e in out] == [-0.5, 0.5] and not np.asarray(out[1].rewards)[:-1].any()
 
 
-def test_data_collected_around_another_schedule_is_refused_naming_a_group():
+def test_data_collected_around_another_schedule_is_refused_by_its_group_leaders():
     rng = np.random.default_rng(1)
-    keys = [("p", 1, 4)] * 2 + [("q", 2, 2)] * 2
-    played = [BASELINE.plan(SPEC, 4), [0, 0, 1, 1, 1, 0, 1, 0], BASELINE.plan(SPEC, 2), [0, 1, 0, 0, 0, 1, 0, 0]]
+    # two groups of 2; the second group's members landed on different K (seed rounding): only leaders are checked
+    keys = [("p", 1, 4)] * 2 + [("q", 2, 2), ("q", 2, 3)]
+    leaders = [True, False, True, False]
+    played = [BASELINE.plan(SPEC, 4), [0, 0, 1, 1, 1, 0, 1, 0], BASELINE.plan(SPEC, 2), [0, 1, 0, 1, 0, 1, 0, 0]]
     episodes = [recorded(actions, 30.0 + i, rng) for i, actions in enumerate(played)]
-    anchored.check_led_by(anchored_episodes(episodes, keys, BASELINE, SPEC), keys, BASELINE)  # led by it: fine
+    anchored.check_led_by(anchored_episodes(episodes, keys, BASELINE, SPEC), leaders, BASELINE)  # led by it: fine
     refit = StaticSchedule({2: [0, 1, 0, 0, 1, 0, 0, 0], 4: [0, 1, 0, 1, 1, 0, 1, 0]}, "a refit")
-    with pytest.raises(ValueError, match=r"1 of 2 groups of d/v0 have no episode that plays the baseline \(a refit\), "
-                                         r"e\.g\. K=2 on 'q' \(seed 2\).*--baseline PATH"):
-        anchored.check_led_by(anchored_episodes(episodes, keys, refit, SPEC), keys, refit, ["d/v0"])
+    with pytest.raises(ValueError, match=r"1 of 2 group leaders in d/v1 do not play the baseline \(a refit\), "
+                                         r"e\.g\. episode 2.*--baseline PATH"):
+        anchored.check_led_by(anchored_episodes(episodes, keys, refit, SPEC), leaders, refit, ["d/v1"])
+
+
+def test_a_collected_grouped_dataset_trains_around_its_baseline_and_is_refused_around_another(tmp_path, monkeypatch):
+    from agents.anchored import anchored_buffer
+    from morca_env import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    path = tmp_path / "fixed.json"
+    path.write_text(json.dumps({"schedules": {str(k): v for k, v in BASELINE.schedules.items()}}))
+    behavior = {"name": "best-fixed-deviations", "path": str(path), "group_size": 3, "rate": 0.5,
+                "speedups": [[1.5, 2.5]]}  # 3 members, 2 possible K (seed rounding): two share one
+    dataset = collect_dataset("test/tiny/grouped-v0", "MorcaTinyRandom-v0", num_episodes=6, behavior=behavior,
+                              env_kwargs={"speedup": [1.5, 2.5], "num_inference_steps": N, "lpips": False,
+                                          "prompts": "tiny-train[5::22]"}, progress=False)
+    _, anchor = anchored_buffer([dataset], to_replay_buffer(dataset, "tuple"), baseline=StaticSchedule.from_file(path))
+    assert 0 < anchor["data_departures"] < 1  # the leaders follow (else refused), the others leave at times
+    refit = StaticSchedule({2: [0, 1, 0, 0, 1, 0, 0, 0], 3: [0, 1, 0, 1, 0, 1, 0, 0], 4: [0, 1, 1, 0, 1, 1, 0, 0]},
+                           "another fit")
+    assert all(refit.plan(SPEC, k) != BASELINE.plan(SPEC, k) for k in range(1, 6))
+    with pytest.raises(ValueError, match=r"of 2 group leaders in test/tiny/grouped-v0 do not play the baseline"):
+        anchored_buffer([dataset], to_replay_buffer(dataset, "tuple"), baseline=refit)
+
+
+def test_group_leaders_come_from_the_recipes_group_size():
+    class Storage:
+        metadata = {"morca_recipe": json.dumps({"behavior": {"name": "best-fixed-deviations", "group_size": 3}})}
+
+    class Dataset:
+        storage = Storage()
+
+    assert anchored.group_leaders(Dataset(), [0, 1, 2, 3, 5, 6]) == [True, False, False, True, False, True]
+    Storage.metadata = {"morca_recipe": json.dumps({"behavior": "random"})}
+    assert anchored.group_leaders(Dataset(), [0, 1]) == [False, False]  # not grouped data: nothing to check
 
 
 def test_a_scheduler_reanchored_to_a_refit_plays_the_refit_and_remembers_what_it_was_trained_around(tmp_path):
