@@ -2,8 +2,11 @@
 
     morca fit-fixed --budgets 34 39 44                       # MorcaTiny, 12 spread tiny-train prompts
     morca fit-fixed --budgets 34 39 44 --prompts tiny-train:16 --evaluations 200 --workers 2
-    morca fit-fixed --budgets $(seq 26 42) --prompts 'tiny-train[::464]' --evaluations 80 \
-        --select-on 'tiny-train[11:2651:132]' --fresh --save packaged      # how the shipped one was made
+    # how the shipped one was made: six K's, then the other eleven of 26-42 merged in (each K's command is in the file)
+    morca fit-fixed --budgets 29 30 34 35 38 39 --prompts 'tiny-train[::464]' --evaluations 80 \
+        --select-on 'tiny-train[11:2651:132]' --fresh --save packaged
+    morca fit-fixed --budgets 26 27 28 31 32 33 36 37 40 41 42 --prompts 'tiny-train[::464]' --evaluations 80 \
+        --select-on 'tiny-train[11:2651:132]' --save packaged
 
 One `morca_env.search` hill climb per K (each candidate played on every
 training prompt); resumable (`--out` keeps every evaluated episode). With
