@@ -26,8 +26,10 @@ method at the same measured speedup (`morca_env.evaluation.comparison`).
 Speedup = mean stock no-cache latency / mean episode latency over the prompts, each
 stock generation timed in the same run just before that prompt's episodes
 (`--timing-repeats R`: every timing is the fastest of R back-to-back runs;
-`--feedback`: a `SpeedupGovernor` per method and target corrects the requested
-speedup by what was realised so far).
+`--feedback`: `SpeedupGovernor`s correct the requested speedup by what was realised
+so far: one per target shared by the exact-K methods, whose only unknown is the
+machine's pace, so equal schedulers of equal cost run the same K; one per method
+and target for a rule that spends its own K).
 `--calibrate ROUNDS` first measures the speedup -> K calibration on this machine
 (wall-clock ratios drift with its load; the quickstart does this). Latency includes
 the scheduler's own per-step inference time, and a learned scheduler's K for a

@@ -41,7 +41,7 @@ def plot_pareto(out: Path, table):
 
 def schedule_rows(rows, target: float, prompt_index: int = 0) -> dict[str, list[int]]:
     """Every method's schedule for one prompt at one target, labelled with the K it executed
-    (methods run different K under per-method feedback, and the global threshold never holds K)."""
+    (a learned scheduler may pay its own inference in K, and a threshold rule never holds K)."""
     return {f"{r['method']} (K={sum(r['schedule'])})": r["schedule"] for r in rows
             if r["prompt_index"] == prompt_index and r["target"] == target}
 

@@ -122,7 +122,9 @@ def run_fingerprint(config: EvaluationConfig, suite_name: str) -> dict:
     """What every row of the run depends on besides its method: changing any of it makes the old rows stale."""
     return {"env_id": config.env_id, "env_kwargs": config.env_kwargs, "suite": suite_name,
             "skip_prompts": config.skip_prompts, "lpips": config.lpips, "calibrate": config.calibrate,
-            "timing_repeats": config.timing_repeats, "feedback": config.feedback, "same_k": config.same_k}
+            "timing_repeats": config.timing_repeats, "feedback": config.feedback, "same_k": config.same_k,
+            # rows of a run with per-method governors for exact-K methods (before 2026-12-04) are not resumed
+            "governors": "machine-shared" if config.feedback else None}
 
 
 def as_json(value):
@@ -163,11 +165,43 @@ def check_rows_match_pairs(rows: list[dict], pairs: list, log: Path) -> None:
                              "directory or --overwrite")
 
 
+def speedup_range(method_env, scheduler_cost_s: float) -> tuple[float, float]:
+    """The speedups a method's env accepts: a learned scheduler's own per-step cost lowers the highest one."""
+    return method_env.unwrapped.calibration.with_scheduler_cost(scheduler_cost_s).speedup_range
+
+
 def governor_for(method_env, target: float, scheduler_cost_s: float) -> SpeedupGovernor:
-    """A governor whose requests stay inside the range the method's env accepts: a learned scheduler's
-    own per-step cost lowers the highest speedup its episodes can reach."""
-    calibration = method_env.unwrapped.calibration.with_scheduler_cost(scheduler_cost_s)
-    return SpeedupGovernor(target, calibration.speedup_range)
+    """A governor whose requests stay inside the range the method's env accepts."""
+    return SpeedupGovernor(target, speedup_range(method_env, scheduler_cost_s))
+
+
+def governors(methods, targets, loaded, k_cost: dict, own_k: set, feedback: bool) -> tuple[dict, dict]:
+    """-> ({(method, target): governor}, {method: speedup range its env accepts}); no governors without feedback.
+
+    A method that spends its own K (a threshold rule) gets its own governor: its speedup for a request depends on
+    the rule's calibration, which feedback must correct per method. Methods at an exact K share one governor per
+    target: for them speedup -> K is the calibration's (their own inference cost counted), so the only unknown is
+    the machine's pace, which is the same for all of them. Measured reason: with a governor per method, the best
+    fixed schedule and a scheduler that played it action for action ran different K on 45% of 60 prompts and
+    differed by -0.15 to +0.36 dB (runs/s37/eqspeed, 2026-12-04); sharing the machine's governor puts equal
+    schedulers of equal cost at the same K, so equal-speedup differences measure the schedulers, not the governors.
+    """
+    if not feedback:
+        return {}, {}
+    ranges = {m: speedup_range(loaded[m][1], k_cost[m]) for m, _ in methods}
+    out = {}
+    for target in targets:
+        exact = [m for m, _ in methods if m not in own_k]
+        for m in exact:
+            lo, hi = ranges[m]
+            if not lo <= target <= hi:
+                raise ValueError(f"target speedup {target} is outside the range method {m!r} reaches on this "
+                                 f"calibration, [{lo:.2f}, {hi:.2f}] (its own inference counted)")
+        machine = (SpeedupGovernor(target, (min(ranges[m][0] for m in exact), max(ranges[m][1] for m in exact)))
+                   if exact else None)
+        for m, _ in methods:
+            out[m, target] = governor_for(loaded[m][1], target, k_cost[m]) if m in own_k else machine
+    return out, ranges
 
 
 def use_fresh_calibration(config: EvaluationConfig, targets, env, free_env, threads):
@@ -237,13 +271,26 @@ class EvaluationRun:
         self.own_k = {m for m, _ in self.methods if self.loaded[m][1] is self.free_env}
         self.matched = ([] if not config.matched else
                         [b for b in config.baselines if b in dict(self.methods) and b not in self.own_k])
-        self.governors = {(m, t): governor_for(self.loaded[m][1], t, self.k_cost[m]) for t in self.targets
-                          for m, _ in self.methods} if config.feedback else {}
+        self.governors, self.ranges = governors(self.methods, self.targets, self.loaded, self.k_cost, self.own_k,
+                                                config.feedback)
+        self.requests: dict[tuple, float] = {}  # (target, prompt index) -> the speedup asked of its exact-K methods
         for row in self.rows:  # resume: the governors continue from what the finished episodes realised
             if (row["method"], row["target"]) in self.governors and "requested_speedup" in row:
                 self.governors[row["method"], row["target"]].record(row["requested_speedup"], row["stock_latency_s"],
                                                                     row["latency_s"])
+                if row["method"] not in self.own_k:
+                    self.requests[row["target"], row["prompt_index"]] = row["requested_speedup"]
         self.stock: dict[tuple, float] = {}  # (target, prompt index) -> no-cache latency timed beside its episodes
+
+    def request(self, name: str, target: float, index: int, governor) -> float:
+        """The speedup method `name` asks its env for at (target, prompt `index`). Exact-K methods share one request
+        per prompt (their target's machine governor, read before the prompt's first episode), clipped to the range
+        the method's env accepts."""
+        if name in self.own_k:
+            return governor.request()
+        shared = self.requests.setdefault((target, index), governor.request())
+        lo, hi = self.ranges[name]
+        return min(hi, max(lo, shared))
 
     def pending(self) -> list[tuple]:
         done = {(r["method"], r["target"], r["prompt_index"]) for r in self.rows}
@@ -264,7 +311,7 @@ class EvaluationRun:
                 self.stock[target, index] = fastest(lambda: stock_seconds(self.env.unwrapped, prompt, seed),
                                                     self.config.timing_repeats)
             governor = self.governors.get((name, target)) if budget is None else None
-            requested = governor.request() if governor else target
+            requested = self.request(name, target, index, governor) if governor else target
             row = evaluate_episode(label, policy, method_env, target, index, self.pairs[index], requested=requested,
                                    stock_s=given_stock_s if given_stock_s is not None else self.stock[target, index],
                                    scheduler_cost_s=self.cost[name], k_cost_s=self.k_cost[name],

@@ -117,3 +117,33 @@ def test_a_torn_last_row_is_redone_on_resume(tmp_path):
         result = evaluate(_config(tmp_path, targets=(2.0, 2.5)))
     assert [r["target"] for r in result.rows] == [2.0, 2.5]
     assert all(line.startswith("{") and line.endswith("}") for line in log.read_text().splitlines())
+
+
+def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_path):
+    """Two exact-K methods that play the same schedule must run the same K at every prompt (one request per prompt
+    from the machine's governor, fed by both); a threshold rule keeps its own governor. The request after a resume
+    is the one the finished rows imply."""
+    import pytest
+
+    from morca_env.evaluation import evaluate
+    from morca_env.governor import SpeedupGovernor
+
+    methods = ("uniform", 'twin={"name": "uniform"}', "seacache-global")
+    env_kwargs = {"num_inference_steps": 10, "latent_features": False, "reference_cache_dir": str(tmp_path / "refs")}
+    config = dict(methods=methods, feedback=True, matched=False, targets=(1.5,), env_kwargs=env_kwargs)
+    evaluate(_config(tmp_path, prompts=2, **config))
+    rows = evaluate(_config(tmp_path, prompts=3, **config)).rows  # resumes at the third prompt
+    by = {(r["method"], r["prompt_index"]): r for r in rows}
+    for index in range(3):
+        uniform, twin = by["uniform", index], by["twin", index]
+        assert uniform["requested_speedup"] == twin["requested_speedup"]
+        assert uniform["schedule"] == twin["schedule"]
+    assert by["uniform", 0]["requested_speedup"] == by["seacache-global", 0]["requested_speedup"] == 1.5
+    lo, hi = gym.make("MorcaTinyRandom-v0", budget=0, num_inference_steps=10).unwrapped.calibration.speedup_range
+    machine, rule = SpeedupGovernor(1.5, (lo, hi)), SpeedupGovernor(1.5, (lo, hi))
+    for r in rows:
+        if r["prompt_index"] < 2:
+            (rule if r["method"] == "seacache-global" else machine).record(r["requested_speedup"],
+                                                                           r["stock_latency_s"], r["latency_s"])
+    assert by["uniform", 2]["requested_speedup"] == pytest.approx(machine.request())
+    assert by["seacache-global", 2]["requested_speedup"] == pytest.approx(rule.request())
