@@ -147,3 +147,16 @@ def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_
                                                                            r["stock_latency_s"], r["latency_s"])
     assert by["uniform", 2]["requested_speedup"] == pytest.approx(machine.request())
     assert by["seacache-global", 2]["requested_speedup"] == pytest.approx(rule.request())
+
+
+def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(tmp_path):
+    """A static schedule's per-step time counts in its K as a learned scheduler's does (else a learned scheduler
+    that plays it runs a higher K at the same target); a rule on its own K pays it through its realised speedup."""
+    from morca_env.evaluation import evaluate
+
+    rows = evaluate(_config(tmp_path, methods=("uniform", "seacache-global"), calibrate=1, matched=False,
+                            targets=(1.5,))).rows
+    cost = {r["method"]: r["scheduler_cost_s"] for r in rows}
+    assert cost["uniform"] > 0 and cost["seacache-global"] == 0
+    ideal = evaluate(_config(tmp_path / "ideal", methods=("uniform",), matched=False)).rows  # nothing maps s to K
+    assert ideal[0]["scheduler_cost_s"] == 0
