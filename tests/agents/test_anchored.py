@@ -217,8 +217,12 @@ def test_margin_never_is_the_baseline_bit_for_bit_without_a_network_call(tmp_pat
     algo = scalar_algo()
     monkeypatch.setattr(algo.impl, "q_values", lambda *a, **k: (_ for _ in ()).throw(AssertionError("network called")))
     policy = AnchoredPolicy(algo, BASELINE)
-    assert rollout(env, policy, seed=5).schedule == rollout(env, FollowBaseline(BASELINE), seed=5).schedule
+    played = rollout(env, policy, seed=5).schedule
+    assert played == rollout(env, FollowBaseline(BASELINE), seed=5).schedule == rollout(env, BASELINE, seed=5).schedule
     assert policy.record.departures == []
+    replanning = AnchoredPolicy(scalar_algo(), BASELINE, margin=1e9)  # asks its critic at each free step, stays
+    assert rollout(env, replanning, seed=5).schedule == played
+    assert policy.record.free_steps == replanning.record.free_steps > 0  # the share of steps leaving reads it
 
 
 def test_the_switch_leaves_exactly_where_the_critics_gain_exceeds_the_margin(tmp_path, monkeypatch):
