@@ -77,8 +77,11 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
     assert "fit: K =" in stdout
     row = json.loads((out / "episodes.jsonl").read_text().splitlines()[0])
     assert row["timing_repeats"] == 2
-    # 1.0x is feasible whatever this machine measures (the env's own overhead can put K* above 0)
-    assert row["num_reuse"] in (int(calibration.fractional_budget(1.0)), int(calibration.fractional_budget(1.0)) + 1)
+    # 1.0x is feasible whatever this machine measures (the env's own overhead can put K* above 0); the K is the
+    # calibration's with the scheduler's own measured step time counted
+    assert row["scheduler_cost_s"] > 0
+    k_star = calibration.with_scheduler_cost(row["scheduler_cost_s"]).fractional_budget(1.0)
+    assert row["num_reuse"] in (int(k_star), int(k_star) + 1)
     before = (out / "calibration.json").read_bytes()
     stdout = run_script(args, tmp_path)
     assert "(resume)" in stdout and (out / "calibration.json").read_bytes() == before
