@@ -197,12 +197,13 @@ class AnchoredPolicy:
         return float(q[LEAVE] - q[FOLLOW])
 
     def __call__(self, obs) -> int:
-        # no torch.no_grad() around this call: entering it costs ~10 us a step, which at margin "never" (no network
-        # call) doubled the per-step cost the evaluation charges this scheduler in K (31-36 us vs 19 us, 2026-12-04)
+        # no torch.no_grad() around this call: entering it costs ~10 us a step right after a transformer call, which
+        # at margin "never" (no network call) was a third of what the evaluation charges in K (33 us a step)
         mask = obs["action_mask"]
         if self.margin == NEVER and self.deterministic and not self.gains_only:
-            # the baseline itself, at the baseline's cost (the re-planning below is for departures): at equal
-            # measured speedup every step's microseconds count in K; 14 us a step here against 20 us re-planning
+            # the baseline itself, at about the baseline's cost (the re-planning below is for departures): at equal
+            # measured speedup every step's microseconds count in K (benchmarks/bench_step_cost.py: 19.5 us a step,
+            # the best fixed schedule 15.6)
             self.record.free_steps += bool(mask[0] and mask[1])
             return self.baseline(obs)
         proposed = self.follow.baseline_action(obs)

@@ -264,8 +264,8 @@ class EvaluationRun:
         self.loaded = Methods(self.methods, self.env, self.free_env, self.threshold_map)
         first = self.pairs[0]
         self.own_k = {m for m, _ in self.methods if self.loaded[m][1] is self.free_env}
-        # every exact-K method pays its own per-step time in K (a static table lookup 13 us a step, the shipped
-        # scheduler 20 us on MorcaTiny): charging only learned ones put a scheduler that plays the best fixed
+        # every exact-K method pays its own per-step time in K (the best fixed schedule ~16 us a step, the shipped
+        # scheduler ~20 us on MorcaTiny): charging only learned ones put a scheduler that plays the best fixed
         # schedule one K above it on 6-10% of prompts at equal measured speedup (runs/s38/eqspeed, 2026-12-04)
         # (an ideal, unmeasured calibration maps no seconds to K: there only learned schedulers are timed, and refused)
         calibration = self.env.unwrapped.calibration
