@@ -191,9 +191,9 @@ def governors(methods, targets, loaded, k_cost: dict, own_k: set, feedback: bool
     if not feedback:
         return {}, {}
     ranges = {m: speedup_range(loaded[m][1], k_cost[m]) for m, _ in methods}
+    exact = [m for m, _ in methods if m not in own_k]
     out = {}
     for target in targets:
-        exact = [m for m, _ in methods if m not in own_k]
         for m in exact:
             lo, hi = ranges[m]
             if not lo <= target <= hi:
