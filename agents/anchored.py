@@ -34,7 +34,7 @@ from d3rlpy.dataset import Episode
 from morca_env.budget import BudgetSpec
 from morca_env.observation import MASK_INDEX, NUM_SCALARS, as_tuple
 from morca_env.schedulers.anchored import FollowBaseline, baseline_actions
-from morca_env.schedulers.base import feasible
+from morca_env.schedulers.base import feasible, step_index
 from morca_env.schedulers.fixed import StaticSchedule
 
 FOLLOW, LEAVE = 0, 1
@@ -175,15 +175,26 @@ class AnchoredPolicy:
         factory = getattr(algo.config, "actor_encoder_factory", None)
         self.reads_latents = bool(getattr(factory, "features", "p3"))
         self._device = getattr(impl, "device", "cpu")
-        self.record = EpisodeRecord()
+        self._record, self._budget, self._plays_baseline = EpisodeRecord(), None, False
 
     def reset(self, obs, info) -> None:
         self.follow = FollowBaseline(self.baseline)
         self.follow.reset(obs, info)
-        self.record = EpisodeRecord()
+        self._record, self._budget = EpisodeRecord(), int(info["budget"])
+        # margin "never", deterministic: the baseline itself, acting through its own lookup (see __call__)
+        self._plays_baseline = self.margin == NEVER and self.deterministic and not self.gains_only
+        self._schedule, self._num_steps = self.baseline.schedule, self.baseline.num_steps
         if self.reads_latents and not np.any(obs["pooled"]):
             raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
                              "the env was made with latent_features=False; use latent_features=True")
+
+    @property
+    def record(self) -> EpisodeRecord:
+        """The last episode's departures, free steps and gains. Playing the baseline, its free steps are counted
+        from the baseline's schedule when read, not at each step: what a step costs is charged in K."""
+        if self._plays_baseline and self._budget is not None:
+            self._record.free_steps = self.baseline.spec.choices_along(self.baseline.schedule, self._budget)
+        return self._record
 
     def _inputs(self, obs, proposed: int) -> list:
         # every part, latent features too (zeros in a lean env): d3rlpy's Q ensemble reads the batch size off the first
@@ -199,27 +210,27 @@ class AnchoredPolicy:
     def __call__(self, obs) -> int:
         # no torch.no_grad() around this call: entering it costs ~10 us a step right after a transformer call, which
         # at margin "never" (no network call) was a third of what the evaluation charges in K (33 us a step)
+        if self._plays_baseline:
+            # the baseline itself, at the baseline's cost: its lookup inlined (the re-planning below is for
+            # departures; free steps are counted when the record is read). At equal measured speedup every
+            # step's microseconds count in K (benchmarks/bench_step_cost.py, median of 5: calling the baseline
+            # and counting here cost 18.0 us a step against its 15.3; inlined, 17.3 against 17.1)
+            return feasible(self._schedule[step_index(obs, self._num_steps)], obs)
         mask = obs["action_mask"]
-        if self.margin == NEVER and self.deterministic and not self.gains_only:
-            # the baseline itself, at about the baseline's cost (the re-planning below is for departures): at equal
-            # measured speedup every step's microseconds count in K (benchmarks/bench_step_cost.py: 19.5 us a step,
-            # the best fixed schedule 15.6)
-            self.record.free_steps += bool(mask[0] and mask[1])
-            return self.baseline(obs)
         proposed = self.follow.baseline_action(obs)
         if not (mask[0] and mask[1]):
             return feasible(proposed, obs)
-        self.record.free_steps += 1
+        self._record.free_steps += 1
         if self.deterministic:
             gain = self.gain(obs, proposed)
-            self.record.gains.append(gain)
+            self._record.gains.append(gain)
             leave = gain > self.margin and not self.gains_only
         else:
             with torch.no_grad():
                 logits = self.algo.impl.policy(self._inputs(obs, proposed))[0]
             leave = int(torch.distributions.Categorical(logits=logits).sample()) == LEAVE
         if leave:
-            self.record.departures.append(self.follow.step)
+            self._record.departures.append(self.follow.step)
         return feasible(1 - proposed if leave else proposed, obs)
 
 

@@ -89,6 +89,16 @@ class BudgetSpec:
         recompute_ok = remaining <= self.free_after(step)
         return np.array([recompute_ok, reuse_ok], dtype=np.int8)
 
+    def choices_along(self, schedule: Iterable[int], budget: int) -> int:
+        """How many steps of an executed `schedule` (K = `budget`) allowed both actions: the steps where a
+        scheduler chose, counted after an episode instead of at each step."""
+        used, free = 0, 0
+        for step, action in enumerate(schedule):
+            remaining = budget - used
+            free += remaining >= 1 and step not in self.forced and remaining <= self.free_after(step)
+            used += int(action)
+        return int(free)
+
     def unconstrained_mask(self, step: int, cache_valid: bool = True) -> np.ndarray:
         """Mask without a budget (data collection): only forced steps and a missing cache forbid reuse."""
         return np.array([1, step not in self.forced and cache_valid], dtype=np.int8)

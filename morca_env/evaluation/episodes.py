@@ -71,14 +71,15 @@ def run_episode(env, policy, options):
     return trajectory.info, trajectory.policy_seconds, trajectory.setup_seconds
 
 
-def scheduler_step_cost(policy, env, prompt: str, seed: int) -> float:
-    """Seconds per step of a policy inside a real episode (K = 0, after a warm-up episode): learned
-    schedulers cost ~1 ms per step on a CPU, a few % of a MorcaTiny step, so the speedup -> K map
-    must count it. Timed in the loop (a repeated call runs with warmer caches), on a second episode
-    (the first call of a d3rlpy model is slow)."""
-    for _ in range(2):
-        _, policy_time, _ = run_episode(env, policy, {"prompt": prompt, "seed": seed, "budget": 0})
-    return policy_time / env.unwrapped.num_steps
+def scheduler_step_cost(policy, env, prompt: str, seed: int, repeats: int = 1) -> float:
+    """Seconds per step of a policy inside a real episode (K = 0): learned schedulers cost ~1 ms per step
+    on a CPU, a few % of a MorcaTiny step, so the speedup -> K map must count it. Timed in the loop (a
+    repeated call runs with warmer caches), after a warm-up episode (the first call of a d3rlpy model is
+    slow); the fastest of `repeats` timed episodes, as latencies are: one episode's reading of a ~15 us
+    step varies by ~2 us, enough to move a prompt's K by one at equal measured speedup."""
+    options = {"prompt": prompt, "seed": seed, "budget": 0}
+    run_episode(env, policy, options)
+    return fastest(lambda: run_episode(env, policy, options)[1], repeats) / env.unwrapped.num_steps
 
 
 def timed_episode(env, policy, options, repeats: int):

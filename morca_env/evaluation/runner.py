@@ -270,7 +270,7 @@ class EvaluationRun:
         # (an ideal, unmeasured calibration maps no seconds to K: there only learned schedulers are timed, and refused)
         calibration = self.env.unwrapped.calibration
         timed = bool(calibration.full_latency_s and calibration.num_steps)
-        self.cost = {name: scheduler_step_cost(*self.loaded[name], *first)
+        self.cost = {name: scheduler_step_cost(*self.loaded[name], *first, repeats=config.timing_repeats)
                      if getattr(self.loaded[name][0], "learned", False) or (timed and name not in self.own_k) else 0.0
                      for name, _ in self.methods}
         self.k_cost = {name: 0.0 if config.same_k else c for name, c in self.cost.items()}  # what speedup -> K counts

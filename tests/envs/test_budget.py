@@ -37,6 +37,18 @@ def test_projected_schedule_has_exactly_k_reuses(case):
     assert spec.project_schedule(requested, budget).count(1) == budget
 
 
+@settings(max_examples=300, deadline=None)
+@given(schedules())
+def test_choices_along_counts_the_steps_whose_mask_allowed_both_actions(case):
+    spec, budget, requested = case
+    executed = spec.project_schedule(requested, budget)
+    used, both = 0, 0
+    for step, action in enumerate(executed):
+        both += bool(spec.action_mask(step, used, budget).all())
+        used += action
+    assert spec.choices_along(executed, budget) == both
+
+
 def test_forced_steps_and_max_budget():
     assert forced_recompute_steps(50) == {0, 49}
     assert forced_recompute_steps(50, expert_switch_step=7) == {0, 7, 49}

@@ -160,3 +160,33 @@ def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(t
     assert cost["uniform"] > 0 and cost["seacache-global"] == 0
     ideal = evaluate(_config(tmp_path / "ideal", methods=("uniform",), matched=False)).rows  # nothing maps s to K
     assert ideal[0]["scheduler_cost_s"] == 0
+
+
+def test_a_schedulers_step_cost_is_its_fastest_timed_episode_after_a_warm_up(tmp_path):
+    """One episode's reading of a ~15 us step varies by ~2 us, enough to move a prompt's K at equal measured
+    speedup: the charge is the fastest of `repeats` timed episodes (a warm-up episode is never timed)."""
+    import time
+
+    import pytest
+
+    from morca_env.evaluation.episodes import scheduler_step_cost
+
+    class SlowEpisodes:  # a scheduler whose per-step time is 4, 1, 3 ms in its first three episodes, then 2 ms
+        def __init__(self):
+            self.episodes, self.delay = 0, 0.0
+
+        def reset(self, obs, info):
+            self.delay = {0: 4e-3, 1: 1e-3, 2: 3e-3}.get(self.episodes, 2e-3)
+            self.episodes += 1
+
+        def __call__(self, obs):
+            time.sleep(self.delay)
+            return int(obs["action_mask"][0] == 0)
+
+    env = gym.make("MorcaTinyRandom-v0", **_config(tmp_path).env_kwargs)
+    policy = SlowEpisodes()
+    assert 1e-3 <= scheduler_step_cost(policy, env, "a cat", 0, repeats=2) < 1.8e-3  # the warm-up's 4 ms is not read
+    assert policy.episodes == 3
+    assert 1e-3 <= scheduler_step_cost(SlowEpisodes(), env, "a cat", 0, repeats=1) < 1.8e-3  # the second episode
+    with pytest.raises(ValueError, match="repeats=0"):
+        scheduler_step_cost(SlowEpisodes(), env, "a cat", 0, repeats=0)
