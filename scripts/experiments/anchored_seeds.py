@@ -7,8 +7,9 @@ Per training seed (resumable: a finished step is skipped): `morca train` (anchor
 Then every scheduler plays the same evaluation episodes: `--eval-pairs` tiny-eval prompts, each with a seed drawn
 from `--eval-seed` (never used for evaluation before), at each target, K set by the env's calibration. Reported:
 each scheduler's mean paired difference to the best fixed schedule (95% CI), how often it leaves the baseline
-(runs, free steps) and what its departures gain on the runs where it leaves. Needs the dataset
-`morca/tiny/anchored-v1` (`morca collect datasets/morca/tiny/anchored-v1.json`) in $MINARI_DATASETS_PATH.
+(runs, free steps) and what its departures gain on the runs where it leaves. `--validation-only` stops before
+the evaluation, with each seed's margin candidates on validation (`validation.md`). Needs the dataset
+`--dataset` (`morca collect datasets/morca/tiny/anchored-v1.json`) in $MINARI_DATASETS_PATH.
 """
 
 from __future__ import annotations
@@ -108,6 +109,21 @@ def summary(results: dict, options: list[dict], targets: list[float]) -> str:
     return "\n".join(lines)
 
 
+def validation_table(out: Path, seeds: list[int]) -> str:
+    """Each seed's and stage's margin candidates on its validation pairs, as `morca anchor` recorded them."""
+    from agents.anchored import anchor_of
+
+    lines = ["| seed | stage | candidates: margin (dB): gain ± CI (runs / steps leaving) | chosen |", "|---|---|---|---|"]
+    for seed in seeds:
+        for stage in ("offline", "online"):
+            selection = anchor_of(out / f"seed{seed}" / stage / "anchored.safetensors")["selection"]
+            cells = "; ".join(f"{r['margin']:.3f}: {r['gain_db']:+.2f} ± {r['ci95_db']:.2f} "
+                              f"({r['runs_leaving']:.0%} / {r['steps_leaving']:.1%})" for r in selection["candidates"])
+            chosen = "never" if selection["chosen"] is None else f"{selection['chosen']:.3f}"
+            lines.append(f"| {seed} | {stage} | {cells or '-'} | {chosen} |")
+    return "\n".join(lines)
+
+
 def ship(out: Path, seeds: list[int], path: Path) -> int:
     """Write the shipped scheduler: the online checkpoint whose chosen margin gains most on its validation pairs (0
     for "never"), the lowest seed on a tie; nothing here reads an evaluation episode. -> the seed shipped."""
@@ -146,11 +162,18 @@ def main(argv=None) -> int:
                         "their critics' departures do on held-out runs, whatever margin validation chose")
     p.add_argument("--probe-margin", type=float, default=0.0)
     p.add_argument("--ship", type=Path, help="also write the shipped scheduler here (chosen on validation only)")
+    p.add_argument("--validation-only", action="store_true",
+                   help="stop after training and margins: print the validation candidates, read no tiny-eval pair")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.skip_training:
         with ThreadPoolExecutor(args.parallel) as pool:
             list(pool.map(lambda s: train_seed(args.out, s, args.dataset, args.validation_pairs), args.seeds))
+    validation = validation_table(args.out, args.seeds)
+    (args.out / "validation.md").write_text(validation + "\n")
+    print(validation, flush=True)
+    if args.validation_only:
+        return 0
 
     if args.ship:
         ship(args.out, args.seeds, args.ship)

@@ -109,6 +109,23 @@ def test_grouped_behaviour_shares_options_and_its_leader_plays_the_baseline(tmp_
         BaselineDeviations(BASELINE, env, rate=(0.5, 0.1))
 
 
+def test_grouped_behaviour_keeps_its_groups_k_where_collection_runs_budget_free(tmp_path):
+    """Collection's env masks only forced steps: a departure that the re-planned baseline cannot repay would put
+    the member on another K than its leader (114 of anchored-v1's 200 groups were split so)."""
+    env = tiny_env(tmp_path, prompts="tiny-train[5::22]", enforce_budget=False)
+    realised = {}
+    for keep_k in (True, False):
+        realised[keep_k] = set()
+        for seed in range(6):
+            member = BaselineDeviations(BASELINE, env, group_size=2, rate=1.0, seed=seed, keep_k=keep_k)
+            member.rate = 1.0  # leave at every step it may
+            for budget in (2, 3, 4):
+                played = rollout(env, member, {"prompt": "a cat", "seed": 1, "budget": budget}, seed=seed).schedule
+                realised[keep_k].add((budget, sum(played)))
+    assert all(k == done for k, done in realised[True])  # every member ends on the group's K
+    assert any(k != done for k, done in realised[False])  # as it did before
+
+
 # ----------------------------------------------------------------- the residual state, action and return
 def test_group_relative_returns_remove_each_groups_mean():
     out = group_relative([30.0, 31.0, 20.0, 22.0, 50.0], ["a", "a", "b", "b", "c"])
