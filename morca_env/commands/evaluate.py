@@ -33,8 +33,9 @@ and target for a rule that spends its own K).
 `--calibrate ROUNDS` first measures the speedup -> K calibration on this machine
 (wall-clock ratios drift with its load; the quickstart does this). Latency includes
 the scheduler's own per-step inference time, and the K of every method held to an
-exact K counts that time (`scheduler_cost_s`, measured once per method: a static
-table lookup ~13 us a step on MorcaTiny, a learned scheduler more); the per-video
+exact K counts that time (`scheduler_cost_s`, measured once per method as the fastest
+of R timed episodes: a static table lookup ~15 us a step on MorcaTiny, a learned
+scheduler that calls its network more); the per-video
 threshold search of `seacache-exact` (its replays) is not counted: it is an
 oracle-style baseline for quality at equal K, not a deployable method.
 `--ray` runs the episodes on `--workers` Ray actors (see scripts/collect.py), grouped by
