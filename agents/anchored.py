@@ -385,7 +385,7 @@ def anchored_buffer(datasets: list, buffer, episode_indices=None, n_step: int = 
     keys = [episode_key(m) for m in metas]
     if max(keys.count(k) for k in set(keys)) < 2:
         raise ValueError("the anchored recipe learns from groups of episodes that share a prompt, seed and K (the "
-                         "behaviour 'best-fixed-deviations', e.g. datasets/morca/tiny/anchored-v1.json); these "
+                         "behaviour 'best-fixed-deviations', e.g. datasets/morca/tiny/anchored-v2.json); these "
                          f"datasets ({', '.join(d.spec.dataset_id for d in datasets)}) have none: collect such data "
                          "or train with --recipe paper")
     baseline = baseline or StaticSchedule.packaged(model_of_dataset(datasets[0]))

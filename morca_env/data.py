@@ -373,7 +373,7 @@ def _build_prefix(dataset_id: str) -> str:
 def recover_leftovers(dataset_id: str) -> None:
     """What a killed build of this id left behind (call with the id's lock held): its build directories are
     removed, and a dataset moved aside for replacement (`.<name>.old-*`) comes back if no new one took its place."""
-    root = minari_root()
+    root = minari_root().resolve()  # minari joins a relative root twice when it sizes the new files
     for build in root.glob(_build_prefix(dataset_id) + "*"):
         shutil.rmtree(build, ignore_errors=True)
     final = root / dataset_id
@@ -421,7 +421,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
             actions=ep["actions"], rewards=ep["rewards"], terminations=terminations,
             truncations=np.zeros(n, dtype=bool)))
 
-    root = minari_root()
+    root = minari_root().resolve()  # minari joins a relative root twice when it sizes the new files
     build_root = root / f"{_build_prefix(recipe.dataset_id)}{uuid.uuid4().hex[:8]}"
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(build_root)

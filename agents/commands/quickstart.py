@@ -42,7 +42,7 @@ QUICK = dict(episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80,
 SCALES = {
     # quick, anchored (the default): scalar state features and Monte-Carlo returns, the variant that learns at CPU
     # scale (docs/results/ablation_tiny.md), on groups around the best fixed schedule (agents.anchored)
-    ("quick", "anchored"): dict(data="datasets/morca/tiny/anchored-v1.json", prompts="tiny-train[5::22]", **QUICK),
+    ("quick", "anchored"): dict(data="datasets/morca/tiny/anchored-v2.json", prompts="tiny-train[5::22]", **QUICK),
     # quick, paper: the same sizes on the mixture data (threshold curves alone: -0.2 / -0.4 dB against the best
     # fixed schedule at 2.5x / 3x; the mixture: +0.7 / +0.1, docs/results/scheduler_tiny.md)
     ("quick", "paper"): dict(data="datasets/morca/tiny/mixture-v0.json", prompts="tiny-train:250", **QUICK),

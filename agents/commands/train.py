@@ -1,6 +1,6 @@
 """Offline discrete IQL on a MORCA Minari dataset (paper Sec. 3.3; defaults from Table 6).
 
-    morca train --dataset morca/tiny/anchored-v1                        # the default recipe (agents.anchored)
+    morca train --dataset morca/tiny/anchored-v2                        # the default recipe (agents.anchored)
     morca train --recipe paper --dataset morca/tiny/random-v0           # the paper's
     morca train --dataset morca/tiny/random-v0 --epochs 20 --max-steps-per-epoch 100
     morca train ... --resume            # continue after the last finished epoch
@@ -34,9 +34,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=("anchored", "paper"), default="anchored",
                    help="anchored (default): IQL on the residual of the best fixed schedule, from grouped data such "
-                        "as datasets/morca/tiny/anchored-v1.json (agents.anchored); paper: the paper's state and "
+                        "as datasets/morca/tiny/anchored-v2.json (agents.anchored); paper: the paper's state and "
                         "return, on any MORCA dataset")
-    p.add_argument("--dataset", nargs="+", default=["morca/tiny/anchored-v1"],
+    p.add_argument("--dataset", nargs="+", default=["morca/tiny/anchored-v2"],
                    help="Minari dataset id(s); several are trained on together (--episodes limits the first)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="anchored: the fixed schedules file the data was collected around (default: the packaged "

@@ -9,7 +9,7 @@ from `--eval-seed` (never used for evaluation before), at each target, K set by 
 each scheduler's mean paired difference to the best fixed schedule (95% CI), how often it leaves the baseline
 (runs, free steps) and what its departures gain on the runs where it leaves. `--validation-only` stops before
 the evaluation, with each seed's margin candidates on validation (`validation.md`). Needs the dataset
-`--dataset` (`morca collect datasets/morca/tiny/anchored-v1.json`) in $MINARI_DATASETS_PATH.
+`--dataset` (`morca collect datasets/morca/tiny/anchored-v2.json`) in $MINARI_DATASETS_PATH.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/anchored_seeds"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--parallel", type=int, default=2, help="training seeds run at once (one torch thread each)")
-    p.add_argument("--dataset", default="morca/tiny/anchored-v1")
+    p.add_argument("--dataset", default="morca/tiny/anchored-v2")
     p.add_argument("--validation-pairs", type=int, default=24)
     p.add_argument("--eval-pairs", type=int, default=60)
     p.add_argument("--eval-seed", type=int, default=36, help="draws the evaluation episodes' generation seeds")

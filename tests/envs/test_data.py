@@ -121,6 +121,18 @@ def test_finished_dataset_is_not_overwritten(roots):
     assert collect("test/tiny/keep-v0", 3, overwrite=True).total_episodes == 3
 
 
+def test_a_relative_datasets_path_builds_and_loads(roots, monkeypatch):
+    """`export MINARI_DATASETS_PATH=runs/minari` (the docs' commands): minari joined a relative root twice when
+    it sized the new dataset's files, and the build failed after every episode was collected."""
+    import minari
+
+    monkeypatch.chdir(roots)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", "runs/minari")
+    assert collect("test/tiny/relative-v0", 2).total_episodes == 2
+    assert minari.load_dataset("test/tiny/relative-v0").total_episodes == 2
+    assert (roots / "runs/minari/test/tiny/relative-v0/data/main_data.hdf5").is_file()
+
+
 def test_two_workers_give_the_same_episodes(roots):
     one = collect("test/tiny/w1-v0", 4)
     two = collect("test/tiny/w2-v0", 4, workers=2)
