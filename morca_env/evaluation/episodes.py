@@ -77,6 +77,8 @@ def scheduler_step_cost(policy, env, prompt: str, seed: int, repeats: int = 1) -
     repeated call runs with warmer caches), after a warm-up episode (the first call of a d3rlpy model is
     slow); the fastest of `repeats` timed episodes, as latencies are: one episode's reading of a ~15 us
     step varies by ~2 us, enough to move a prompt's K by one at equal measured speedup."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"timing repeats={repeats!r} must be an integer >= 1 (checked before the warm-up episode)")
     options = {"prompt": prompt, "seed": seed, "budget": 0}
     run_episode(env, policy, options)
     return fastest(lambda: run_episode(env, policy, options)[1], repeats) / env.unwrapped.num_steps

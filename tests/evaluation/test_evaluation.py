@@ -162,31 +162,26 @@ def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(t
     assert ideal[0]["scheduler_cost_s"] == 0
 
 
-def test_a_schedulers_step_cost_is_its_fastest_timed_episode_after_a_warm_up(tmp_path):
+def test_a_schedulers_step_cost_is_its_fastest_timed_episode_after_a_warm_up(monkeypatch):
     """One episode's reading of a ~15 us step varies by ~2 us, enough to move a prompt's K at equal measured
     speedup: the charge is the fastest of `repeats` timed episodes (a warm-up episode is never timed)."""
-    import time
+    from types import SimpleNamespace
 
     import pytest
 
-    from morca_env.evaluation.episodes import scheduler_step_cost
+    from morca_env.evaluation import episodes
 
-    class SlowEpisodes:  # a scheduler whose per-step time is 4, 1, 3 ms in its first three episodes, then 2 ms
-        def __init__(self):
-            self.episodes, self.delay = 0, 0.0
+    env = SimpleNamespace(unwrapped=SimpleNamespace(num_steps=10))
 
-        def reset(self, obs, info):
-            self.delay = {0: 4e-3, 1: 1e-3, 2: 3e-3}.get(self.episodes, 2e-3)
-            self.episodes += 1
+    def policy_seconds(readings):  # the policy seconds of successive episodes: the warm-up's first
+        readings = iter(readings)
+        monkeypatch.setattr(episodes, "run_episode", lambda env, policy, options: ({}, next(readings), 0.0))
 
-        def __call__(self, obs):
-            time.sleep(self.delay)
-            return int(obs["action_mask"][0] == 0)
-
-    env = gym.make("MorcaTinyRandom-v0", **_config(tmp_path).env_kwargs)
-    policy = SlowEpisodes()
-    assert 1e-3 <= scheduler_step_cost(policy, env, "a cat", 0, repeats=2) < 1.8e-3  # the warm-up's 4 ms is not read
-    assert policy.episodes == 3
-    assert 1e-3 <= scheduler_step_cost(SlowEpisodes(), env, "a cat", 0, repeats=1) < 1.8e-3  # the second episode
+    policy_seconds([0.004, 0.001, 0.003, 0.002])
+    assert episodes.scheduler_step_cost(None, env, "a cat", 0, repeats=2) == pytest.approx(0.0001)
+    policy_seconds([0.001, 0.003, 0.002])
+    assert episodes.scheduler_step_cost(None, env, "a cat", 0, repeats=1) == pytest.approx(0.0003)  # not the warm-up
+    policy_seconds([0.004, 0.003, 0.002, 0.005])
+    assert episodes.scheduler_step_cost(None, env, "a cat", 0, repeats=3) == pytest.approx(0.0002)
     with pytest.raises(ValueError, match="repeats=0"):
-        scheduler_step_cost(SlowEpisodes(), env, "a cat", 0, repeats=0)
+        episodes.scheduler_step_cost(None, env, "a cat", 0, repeats=0)
