@@ -20,6 +20,7 @@ from agents.networks import MorcaEncoderFactory
 from morca_env.budget import BudgetSpec
 from morca_env.rollout import rollout
 from morca_env.schedulers.anchored import BaselineDeviations, BaselinePlan, FollowBaseline, baseline_actions
+from morca_env.schedulers.base import feasible
 from morca_env.schedulers.fixed import StaticSchedule
 
 N = 8
@@ -124,6 +125,22 @@ def test_grouped_behaviour_keeps_its_groups_k_where_collection_runs_budget_free(
                 realised[keep_k].add((budget, sum(played)))
     assert all(k == done for k, done in realised[True])  # every member ends on the group's K
     assert any(k != done for k, done in realised[False])  # as it did before
+
+    class Before(BaselineDeviations):  # the behaviour anchored-v1 was collected with (keep_k did not exist)
+        def __call__(self, obs):
+            action, mask = self.baseline_action(obs), obs["action_mask"]
+            if mask[0] and mask[1] and self.rate and self.rng.random() < self.rate:
+                action = 1 - action
+            return feasible(action, obs)
+
+    for seed in range(4):  # keep_k=False draws as it did: v1's recipe rebuilds the same episodes
+        now, then = (cls(BASELINE, env, group_size=2, rate=0.3, seed=seed, keep_k=False)
+                     for cls in (BaselineDeviations, Before))
+        for member in (now, then):
+            member.rate = 0.3
+        options = {"prompt": "a dog", "seed": 2, "budget": 3}
+        assert [rollout(env, now, options, seed=seed).schedule for _ in range(3)] == \
+            [rollout(env, then, options, seed=seed).schedule for _ in range(3)]
 
 
 # ----------------------------------------------------------------- the residual state, action and return
