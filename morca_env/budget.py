@@ -94,10 +94,9 @@ class BudgetSpec:
         scheduler chose, counted after an episode instead of at each step."""
         used, free = 0, 0
         for step, action in enumerate(schedule):
-            remaining = budget - used
-            free += remaining >= 1 and step not in self.forced and remaining <= self.free_after(step)
+            free += bool(self.action_mask(step, used, budget).all())
             used += int(action)
-        return int(free)
+        return free
 
     def unconstrained_mask(self, step: int, cache_valid: bool = True) -> np.ndarray:
         """Mask without a budget (data collection): only forced steps and a missing cache forbid reuse."""
