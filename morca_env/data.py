@@ -112,9 +112,11 @@ def staging_root() -> Path:
 
 
 def minari_root() -> Path:
+    """Minari's datasets directory, absolute: a relative MINARI_DATASETS_PATH is joined twice by minari when it
+    sizes a new dataset's files, which failed the build after every episode was collected."""
     from minari.storage.datasets_root_dir import get_dataset_path
 
-    return get_dataset_path()
+    return Path(get_dataset_path()).resolve()
 
 
 # ------------------------------------------------------------------ behaviour
@@ -373,7 +375,7 @@ def _build_prefix(dataset_id: str) -> str:
 def recover_leftovers(dataset_id: str) -> None:
     """What a killed build of this id left behind (call with the id's lock held): its build directories are
     removed, and a dataset moved aside for replacement (`.<name>.old-*`) comes back if no new one took its place."""
-    root = minari_root().resolve()  # minari joins a relative root twice when it sizes the new files
+    root = minari_root()
     for build in root.glob(_build_prefix(dataset_id) + "*"):
         shutil.rmtree(build, ignore_errors=True)
     final = root / dataset_id
@@ -421,7 +423,7 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
             actions=ep["actions"], rewards=ep["rewards"], terminations=terminations,
             truncations=np.zeros(n, dtype=bool)))
 
-    root = minari_root().resolve()  # minari joins a relative root twice when it sizes the new files
+    root = minari_root()
     build_root = root / f"{_build_prefix(recipe.dataset_id)}{uuid.uuid4().hex[:8]}"
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = str(build_root)
