@@ -185,8 +185,17 @@ def threshold_map_from_counts(name: str, grid, counts, calibration, source: str)
 _ARCHITECTURES = {
     "wan21": {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16},
     "wan22": {"num_layers": 40, "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16},
-    "tiny": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3},
+    # MorcaTiny and MorcaScenes share their blocks and differ in patch size (so in tokens per clip)
+    "tiny": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3,
+             "patch_size": (2, 2, 2)},
+    "scenes": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3,
+               "patch_size": (2, 4, 4)},
 }
+
+
+def _config_value(config: dict, key: str):
+    value = config.get(key)
+    return tuple(value) if isinstance(value, list) else value  # from_pretrained reads tuples back as lists
 
 
 def calibration_for_pipeline(pipe) -> str:
@@ -196,10 +205,10 @@ def calibration_for_pipeline(pipe) -> str:
     config = dict(getattr(getattr(pipe, "transformer", None), "config", {}) or {})
     two_experts = getattr(pipe, "transformer_2", None) is not None
     for name, fields in _ARCHITECTURES.items():
-        if all(config.get(k) == v for k, v in fields.items()) and two_experts == (name == "wan22"):
+        if all(_config_value(config, k) == v for k, v in fields.items()) and two_experts == (name == "wan22"):
             return name
     seen = {k: config.get(k) for k in ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels")}
     raise ValueError(f"no speedup calibration is known for this pipeline's transformer ({seen}, "
                      f"{'two experts' if two_experts else 'one transformer'}): pass calibration= a registered model "
-                     "name ('wan21', 'wan22', 'tiny'), a calibration JSON from `morca calibrate`, or a "
+                     "name ('wan21', 'wan22', 'tiny', 'scenes'), a calibration JSON from `morca calibrate`, or a "
                      "SpeedupCalibration, or pass budget= instead of speedup=")

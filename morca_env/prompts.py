@@ -5,6 +5,10 @@
 * ``vbench-train``: the remaining 744 prompts (seeds drawn per episode);
 * ``vbench-all``: all 944;
 * ``tiny-train`` / ``tiny-eval``: MorcaTiny's prompt grammar (see ``morca_env.models.tiny``);
+* ``scenes-train`` / ``scenes-eval``: MorcaScenes' grammar (``morca_env.models.scenes_data``):
+  the eval suite is 30 fixed (prompt, seed) pairs from each of its 8 content classes, and
+  ``scenes-train`` is every other prompt, in a fixed shuffled order (so a prefix spreads over
+  the grammar);
 * ``<suite>:<n>``: the first n prompts of a suite, each with a fixed seed, so that
   repeated draws reuse their no-cache references (the paper's Wan2.1 data has
   1000 prompts x 4 schedules): e.g. ``tiny-train:250``. ``tiny-train`` is in the
@@ -85,10 +89,15 @@ def _builtin(name: str) -> PromptSuite:
 
         prompts, seeds = tiny_split(name)
         return PromptSuite(name, prompts, seeds)
+    if name.startswith("scenes-"):
+        from .models.scenes_data import scenes_split
+
+        prompts, seeds = scenes_split(name)
+        return PromptSuite(name, prompts, seeds)
     raise KeyError(name)
 
 
-SUITE_NAMES = ("vbench-train", "vbench-eval", "vbench-all", "tiny-train", "tiny-eval")
+SUITE_NAMES = ("vbench-train", "vbench-eval", "vbench-all", "tiny-train", "tiny-eval", "scenes-train", "scenes-eval")
 
 
 def _fixed_seeds(suite: PromptSuite) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from ..denoiser import DenoiserConfig
-from . import tiny_data
+from . import scenes_data, tiny_data
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ def _load_tiny(model_id, device, dtype):
     return load_morca_tiny(device=device, dtype=dtype, directory=model_id)
 
 
+def _load_scenes(model_id, device, dtype):
+    from .scenes import load_morca_scenes
+
+    return load_morca_scenes(device=device, dtype=dtype, directory=model_id)
+
+
 def _load_tiny_random(model_id, device, dtype):
     from .random_wan import build_tiny_wan_pipeline
     from .tiny_data import vocabulary
@@ -82,6 +88,15 @@ PRESETS: dict[str, ModelPreset] = {
         # Per-step work outside the blocks (signal, features, solver) is ~22% of a full step on
         # this small model, so the ceiling is ~4.1x on a CPU (packaged calibration, 2026-12-01).
         eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
+    ),
+    "scenes": ModelPreset(
+        name="scenes", env_id="MorcaScenes-v0",
+        description=f"MorcaScenes: the packaged {scenes_data.FRAMES}x{scenes_data.HEIGHT}x{scenes_data.WIDTH} "
+                    "pixel-space Wan-architecture model whose videos differ in motion, complexity and events",
+        config=DenoiserConfig(num_inference_steps=50, height=scenes_data.HEIGHT, width=scenes_data.WIDTH,
+                              num_frames=scenes_data.FRAMES, guidance_scale=5.0, max_sequence_length=16),
+        load=_load_scenes, train_suite="scenes-train", eval_suite="scenes-eval", speedup_range=(1.5, 3.5),
+        r_max=50.0, eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
     ),
     "tiny-random": ModelPreset(
         name="tiny-random", env_id="MorcaTinyRandom-v0",

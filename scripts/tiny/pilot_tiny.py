@@ -3,7 +3,7 @@
     python scripts/tiny/pilot_tiny.py --out /tmp/d16 --world direction      # MorcaTiny's own shape, ~12 min, one core
     python scripts/tiny/pilot_tiny.py --world full --hw 32 --patch 8 2 2 --out /tmp/p32   # the first v0's shape
 
-Trains a variant with `train_tiny.main` (same objective, optimiser and EMA), then
+Trains a variant with `morca train-testbed --model tiny` (same objective, optimiser and EMA), then
 reports which prompt words it reads (`tiny_probe.prompt_sensitivity`) and how
 often its samples show the prompt's colour and direction of motion, with the
 direction confusion counts. Variants: frame size (`--hw`, object sizes and speeds
@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=32, help="samples for the prompt-following count")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-only", action="store_true", help="skip training: measure the weights already in --out")
-    p.add_argument("train_args", nargs="*", help="passed to train_tiny after `--`, e.g. -- --high-noise-fraction 0.5")
+    p.add_argument("train_args", nargs="*", help="passed to morca train-testbed after `--`, e.g. -- --high-noise-fraction 0.5")
     args = p.parse_args(argv)
     t, h, w = args.patch
     if args.hw < 8 or args.hw % h or args.hw % w or tiny_data.FRAMES % t:
@@ -87,11 +87,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     configure(args)
     if not args.eval_only:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import train_tiny  # after configure(): it renders through the patched tiny_data
+        from morca_env.commands import train_testbed  # reads tiny_data's attributes when called: the patched ones
 
-        train_tiny.all_scenes = tiny_data.all_scenes
-        train_tiny.main(["--steps", str(args.steps), "--threads", str(args.threads), "--out", str(args.out),
+        train_testbed.main(["--model", "tiny", "--steps", str(args.steps), "--threads", str(args.threads), "--out", str(args.out),
                          "--run-dir", f"{args.out}_run", "--resume", *args.train_args])
     from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
     from tiny_probe import prompt_sensitivity

@@ -10,7 +10,7 @@ from morca_env import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
-            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "leaderboard",
+            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "leaderboard", "train-testbed",
             "convert-checkpoint", "anchor"}
 
 

@@ -91,7 +91,7 @@ def test_missing_or_corrupt_weights_give_clear_errors(tmp_path):
     weights.unlink()
     with pytest.raises(tiny.MorcaTinyWeightsError, match="missing"):
         tiny.load_morca_tiny(directory=copy)
-    with pytest.raises(tiny.MorcaTinyWeightsError, match="not found.*train_tiny.py"):
+    with pytest.raises(tiny.MorcaTinyWeightsError, match="not found.*morca train-testbed --model tiny"):
         tiny.load_morca_tiny(directory=tmp_path / "nowhere")
 
 
@@ -109,13 +109,13 @@ def test_prompt_probe_sees_that_the_model_reads_colour_and_direction():
         prompt_sensitivity(None, sigmas=(0.0,))
 
 
-def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
+def test_train_testbed_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     import json
 
-    import train_tiny
+    from morca_env.commands import train_testbed
 
     out = tmp_path / "weights"
-    assert train_tiny.main(["--steps", "2", "--batch-size", "2", "--warmup", "1", "--threads", "1",
+    assert train_testbed.main(["--model", "tiny", "--steps", "2", "--batch-size", "2", "--warmup", "1", "--threads", "1",
                             "--init", str(tiny.weights_dir()), "--high-noise-fraction", "1.0",
                             "--run-dir", str(tmp_path / "run"), "--out", str(out)]) == 0
     info = json.loads((out / tiny.MANIFEST).read_text())["training"]
@@ -125,20 +125,20 @@ def test_train_tiny_fine_tunes_from_weights_with_high_noise_samples(tmp_path):
     deltas = [(a - b).abs().max().item() for a, b in zip(tuned.transformer.parameters(), packaged.transformer.parameters())]
     assert 0 < max(deltas) < 0.05
     with pytest.raises(SystemExit):
-        train_tiny.parse_args(["--high-noise-fraction", "1.5"])
+        train_testbed.parse_args(["--model", "tiny", "--high-noise-fraction", "1.5"])
 
 
-def test_train_tiny_from_scratch_is_reproducible_and_matches_the_shipped_architecture(tmp_path):
+def test_train_testbed_tiny_from_scratch_is_reproducible_and_matches_the_shipped_architecture(tmp_path):
     import json
 
     from safetensors.torch import load_file
 
-    import train_tiny
+    from morca_env.commands import train_testbed
 
     runs = []
     for name in ("a", "b"):
         out = tmp_path / name
-        assert train_tiny.main(["--steps", "2", "--batch-size", "2", "--warmup", "1", "--threads", "1",
+        assert train_testbed.main(["--model", "tiny", "--steps", "2", "--batch-size", "2", "--warmup", "1", "--threads", "1",
                                 "--run-dir", str(tmp_path / f"run_{name}"), "--out", str(out)]) == 0
         runs.append(load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors")))
     assert runs[0].keys() == runs[1].keys()

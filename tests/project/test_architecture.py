@@ -151,7 +151,7 @@ def test_tests_are_organised_by_package_and_load_no_script_by_path():
     tests = ROOT / "tests"
     assert sorted(p.name for p in tests.glob("*.py")) == ["conftest.py"]  # every test lives in its package's folder
     assert {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == {
-        "envs", "schedulers", "evaluation", "agents", "cli", "experiments", "project"}
+        "envs", "models", "schedulers", "evaluation", "agents", "cli", "experiments", "project"}
     by_path = [f"{p.relative_to(ROOT)}" for p in tests.rglob("*.py") if p != Path(__file__)
                and any(s in p.read_text() for s in ("spec_from_file_location", "run_path(", "SourceFileLoader"))]
     assert by_path == []  # scripts are run as commands or imported by name (pyproject's pytest pythonpath)
