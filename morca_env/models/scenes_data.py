@@ -314,7 +314,6 @@ def scene_stats(video: torch.Tensor) -> SceneStats:
         centroid_x = (mask * xs[None, None]).sum(axis=(1, 2)) / area
     shown = (area >= 3) & ~flash
     centroid_x[~shown] = np.nan
-    counts = [ndimage.label(mask[f], structure=np.ones((3, 3)))[1] for f in np.flatnonzero(shown)]
     sizes = [np.bincount(ndimage.label(mask[f], structure=np.ones((3, 3)))[0].ravel())[1:] for f in np.flatnonzero(shown)]
     counts = [int((s >= 2).sum()) for s in sizes]  # a single stray pixel is not an object
     count = int(np.median(counts)) if counts else 0
