@@ -78,7 +78,7 @@ def test_item3_accelerate_takes_exactly_the_actions_step_takes(bad):
 
 @pytest.mark.parametrize("name", ["Tiny", "wan2.1"])
 def test_item4_a_mistyped_calibration_name_raises_listing_the_valid_ones(tmp_path, name):
-    with pytest.raises(ValueError, match=f"calibration='{name}' is not a registered model; valid: tiny.*wan21, wan22"):
+    with pytest.raises(ValueError, match=f"calibration='{name}' is not a registered model; valid: scenes, tiny.*wan21, wan22"):
         tiny(tmp_path, calibration=name)
     pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
     with pytest.raises(ValueError, match=f"calibration='{name}' is not a registered model"):
