@@ -185,11 +185,9 @@ def threshold_map_from_counts(name: str, grid, counts, calibration, source: str)
 _ARCHITECTURES = {
     "wan21": {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16},
     "wan22": {"num_layers": 40, "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16},
-    # MorcaTiny and MorcaScenes share their blocks and differ in patch size (so in tokens per clip)
-    "tiny": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3,
-             "patch_size": (2, 2, 2)},
-    "scenes": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3,
-               "patch_size": (2, 4, 4)},
+    # MorcaTiny and MorcaScenes have the same width and differ in their heads (2 x 48 and 3 x 32)
+    "tiny": {"num_layers": 4, "num_attention_heads": 2, "attention_head_dim": 48, "in_channels": 3},
+    "scenes": {"num_layers": 4, "num_attention_heads": 3, "attention_head_dim": 32, "in_channels": 3},
 }
 
 

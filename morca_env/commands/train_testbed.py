@@ -21,7 +21,7 @@ from morca_env.cli import positive_int
 # each model's settings as shipped (the flags override them)
 MODELS = {
     "tiny": dict(steps=4000),
-    "scenes": dict(steps=6000),
+    "scenes": dict(steps=8000),
 }
 
 

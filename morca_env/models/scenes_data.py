@@ -4,8 +4,8 @@ MorcaTiny's videos all pose the same denoising problem (one shape on a near-flat
 background). MorcaScenes sets each factor that the caching literature says
 changes a good schedule independently from the prompt:
 
-- motion: ``still``, ``drifting`` (0.6 px/frame), ``racing`` (1.8 px/frame) or
-  ``camera panning`` (the whole frame, background included, at 1.2 px/frame), left or right;
+- motion: ``still``, ``drifting`` (0.3 px/frame), ``racing`` (0.9 px/frame) or
+  ``camera panning`` (the whole frame, background included, at 0.6 px/frame), left or right;
 - complexity: one to three objects, on a flat, gradient, striped, checkerboard or
   noisy (a fixed texture) background;
 - a temporal event: objects ``appearing`` or ``vanishing`` at mid-clip, a colour ``flash``,
@@ -13,7 +13,7 @@ changes a good schedule independently from the prompt:
 - scale change: objects ``growing`` or ``shrinking``.
 
 e.g. "two red circles racing left growing with a flash on a striped background".
-Videos are 12 frames of 32x32 RGB in [-1, 1], rendered with anti-aliased
+Videos are 12 frames of 16x16 RGB in [-1, 1], rendered with anti-aliased
 signed-distance shapes over periodic background textures, vectorised in torch.
 
 Also here: the pixel-statistics check of prompt following per factor, used by the
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-FRAMES, HEIGHT, WIDTH = 12, 32, 32
+FRAMES, HEIGHT, WIDTH = 12, 16, 16
 EVENT_FRAME = 6  # events happen between frame 5 and 6: a temporal token boundary at patch 2
 FLASH_FRAMES = (6, 7)  # one temporal token
 
@@ -43,17 +43,17 @@ COLOURS = {
 SHAPES = ("circle", "square")
 COUNTS = {"one": 1, "two": 2, "three": 3}
 # the amount of motion, in pixels per frame; a pan moves everything, background included
-MOTIONS = {"still": 0.0, "drifting": 0.6, "panning": 1.2, "racing": 1.8}
+MOTIONS = {"still": 0.0, "drifting": 0.3, "panning": 0.6, "racing": 0.9}
 DIRECTIONS = {"left": -1.0, "right": 1.0}
-SCALES = {"": (3.0, 3.0), "growing": (2.0, 4.0), "shrinking": (4.0, 2.0)}  # radius at the first and last frame
+SCALES = {"": (2.0, 2.0), "growing": (1.5, 2.75), "shrinking": (2.75, 1.5)}  # radius at the first and last frame
 EVENTS = ("", "appearing", "vanishing", "flash", "cut")
 BACKGROUNDS = ("flat", "gradient", "striped", "checkerboard", "noisy")
 _BACKGROUND_WORDS = {"flat": "flat", "gradient": "gradient", "striped": "striped", "checkerboard": "checkerboard",
                      "noisy": "noisy"}
 CUT_BACKGROUND = (0.34, 0.06, 0.07)  # a cut always goes to flat maroon
 DARK, LIGHT = (0.06, 0.08, 0.26), (0.26, 0.28, 0.38)  # the two tones of every textured background
-_TEXTURE = 64  # backgrounds are periodic textures this wide, so a pan can slide them
-_ROWS = {1: (16.0,), 2: (10.5, 21.5), 3: (6.0, 16.0, 26.0)}  # object rows: 3 objects of radius 4 leave 2 px gaps
+_TEXTURE = 32  # backgrounds are periodic textures this wide, so a pan can slide them
+_ROWS = {1: (8.0,), 2: (4.5, 11.5), 3: (2.5, 8.0, 13.5)}  # object rows: 3 objects of radius 2 leave 1.5 px gaps
 
 SCENES_EVAL_PER_CLASS = 30
 _SPLIT_SEED = 4_2026
@@ -99,6 +99,13 @@ def all_scenes() -> list[Scene]:
     motions = [("still", "")] + [(m, d) for m in MOTIONS if m != "still" for d in DIRECTIONS]
     return [Scene(n, c, s, m, b, d, z, e) for n, c, s, (m, d), z, e, b in
             itertools.product(COUNTS, COLOURS, SHAPES, motions, SCALES, EVENTS, BACKGROUNDS)]
+
+
+
+def training_scenes() -> list[Scene]:
+    """The scenes the model trains on: `scenes-train`'s prompts, so `scenes-eval` stays unseen."""
+    by_prompt = {s.prompt: s for s in all_scenes()}
+    return [by_prompt[p] for p in scenes_split("scenes-train")[0]]
 
 
 def parse_prompt(prompt: str) -> Scene:
@@ -214,14 +221,14 @@ def render_one(scene: Scene, generator: torch.Generator | None = None) -> torch.
     radius = r0 + (r1 - r0) * t / (FRAMES - 1)  # (F,)
     speed = content_speed(scene)
     travel = abs(speed) * (FRAMES - 1)
-    margin = max(r0, r1) + 1.0
+    margin = max(r0, r1) + 0.5
     lo, hi = margin, WIDTH - margin - travel
     n = COUNTS[scene.count]
     u = torch.rand(n + 2, generator=generator)
     starts = lo + u[:n] * max(hi - lo, 0.0) if hi > lo else torch.full((n,), (lo + hi) / 2)
     if speed < 0:
         starts = WIDTH - starts  # mirror: leftward objects start on the right
-    rows = torch.tensor(_ROWS[n]) + (u[n] - 0.5) * 2.0  # the rows move together, +-1 px
+    rows = torch.tensor(_ROWS[n]) + (u[n] - 0.5) * 0.5  # the rows move together, +-0.25 px
     ys, xs = torch.meshgrid(torch.arange(HEIGHT) + 0.5, torch.arange(WIDTH) + 0.5, indexing="ij")
     coverage = torch.zeros(FRAMES, HEIGHT, WIDTH)
     for i in range(n):
@@ -285,17 +292,22 @@ def _background_features(frames: np.ndarray, mask: np.ndarray) -> np.ndarray:
     lag_x = (centred[:, :, 4:] * centred[:, :, :-4]).mean() / var
     lag_y = (centred[:, 4:] * centred[:, :-4]).mean() / var
     rows = grey.mean(axis=2)
-    gradient = rows[:, -6:].mean() - rows[:, :6].mean()
+    gradient = rows[:, -4:].mean() - rows[:, :4].mean()
     warmth = (frames[..., 0] - frames[..., 2])[keep].mean() if keep.any() else 0.0
     return np.array([np.sqrt(var), dx, dy, lag_x, lag_y, gradient, warmth])
 
 
 def _denoised(video) -> np.ndarray:
-    """A 3x3 spatial median per channel: pixel noise off, objects of radius >= 1.5 px kept."""
+    """A 5-pixel (plus-shaped) spatial median per channel: pixel noise off, objects of radius 1.5 px
+    kept, and the one-pixel gaps between neighbouring objects too (a 3x3 square would close them)."""
     from scipy import ndimage
 
     v = video.float().numpy() if isinstance(video, torch.Tensor) else np.asarray(video, dtype=np.float32)
-    return ndimage.median_filter(v, size=(1, 3, 3, 1), mode="nearest")
+    return ndimage.median_filter(v, footprint=_PLUS, mode="nearest")
+
+
+_PLUS = np.zeros((1, 3, 3, 1), bool)
+_PLUS[0, 1, :, 0] = _PLUS[0, :, 1, 0] = True
 
 
 def scene_stats(video: torch.Tensor) -> SceneStats:
@@ -308,10 +320,12 @@ def scene_stats(video: torch.Tensor) -> SceneStats:
     mask = v.max(axis=-1) > FOREGROUND_LEVEL
     saturated = (v.max(axis=-1) - v.min(axis=-1)) > 0.35  # flash frames whiten: keep only saturated pixels there
     mask = np.where(flash[:, None, None], mask & saturated, mask)
-    area = mask.sum(axis=(1, 2)).astype(float)
+    # soft coverage, not a pixel count: small objects' areas would jump with pixel quantisation
+    coverage = np.clip((v.max(axis=-1) - 0.4) / (0.88 - 0.4), 0, 1) * mask
+    area = coverage.sum(axis=(1, 2)).astype(float)
     xs = np.arange(v.shape[2]) + 0.5
     with np.errstate(invalid="ignore", divide="ignore"):
-        centroid_x = (mask * xs[None, None]).sum(axis=(1, 2)) / area
+        centroid_x = (coverage * xs[None, None]).sum(axis=(1, 2)) / area
     shown = (area >= 3) & ~flash
     centroid_x[~shown] = np.nan
     sizes = [np.bincount(ndimage.label(mask[f], structure=np.ones((3, 3)))[0].ravel())[1:] for f in np.flatnonzero(shown)]
@@ -363,8 +377,9 @@ def classify_scale(area: np.ndarray, flash: np.ndarray) -> str | None:
     if len(t) < 3:
         return None
     slope = float(np.polyfit(t, np.log(area[t]), 1)[0]) * (FRAMES - 1)  # log-area change over the clip
-    # a radius from 2 to 4 px is log(4 / 2)^2 ~ 1.4 in log-area
-    return "growing" if slope > 0.8 else "shrinking" if slope < -0.8 else ""
+    r0, r1 = SCALES["growing"]
+    threshold = np.log(r1 / r0)  # half the log-area change of a growing object
+    return "growing" if slope > threshold else "shrinking" if slope < -threshold else ""
 
 
 def classify_event(stats: SceneStats) -> str:

@@ -67,6 +67,12 @@ def all_scenes() -> list[Scene]:
             itertools.product(COLOURS, SHAPES, DIRECTIONS, BACKGROUNDS, SIZES, SPEEDS)]
 
 
+def training_scenes() -> list[Scene]:
+    """MorcaTiny's packaged weights were trained on its whole grammar, `tiny-eval`'s prompts included
+    (kept so that `morca train-testbed --model tiny` remakes them; MorcaScenes holds its eval prompts out)."""
+    return all_scenes()
+
+
 def parse_prompt(prompt: str) -> Scene:
     """Inverse of `Scene.prompt` (raises ValueError for prompts outside the grammar)."""
     words = prompt.lower().replace(",", " ").split()

@@ -88,7 +88,7 @@ def save_weights(model: pixel_model.PixelModel, pipe, out: Path, info: dict) -> 
 
 def train(model: pixel_model.PixelModel, world: ModuleType, config: TrainConfig, run_dir: Path, out: Path,
           resume: bool = False, init: Path | None = None, device: str = "cpu", progress: bool = True) -> dict:
-    """Train `model` on videos of `world` (a module with `all_scenes()` and `render(scenes, generator)`).
+    """Train `model` on videos of `world` (a module with `training_scenes()` and `render(scenes, generator)`).
 
     Writes `run_dir/checkpoint.pt` (resumable), `run_dir/loss.jsonl` (one row per logged step) and, at the
     end, the EMA weights to `out` with the run's settings in their manifest. Returns those settings.
@@ -146,7 +146,7 @@ def train(model: pixel_model.PixelModel, world: ModuleType, config: TrainConfig,
         rows = [line for line in log_path.read_text().splitlines()
                 if line.strip().startswith("{") and line.strip().endswith("}") and json.loads(line)["step"] <= start]
         atomic_write_text(log_path, "".join(row + "\n" for row in rows))
-    scenes = world.all_scenes()
+    scenes = world.training_scenes()
     losses: list[float] = []
     step = start
     log = open(log_path, "a")

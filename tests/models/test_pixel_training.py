@@ -18,7 +18,7 @@ class InterruptingWorld:
 
     def __init__(self, at: int):
         self.calls, self.at = 0, at
-        self.all_scenes = scenes_data.all_scenes
+        self.training_scenes = scenes_data.training_scenes
 
     def render(self, batch, generator):
         self.calls += 1
