@@ -59,6 +59,10 @@ SUITES = {
     # 40 of the 200 held-out tiny-eval prompts (tiny-train fits every rule, schedule and agent), 3 targets
     "MorcaTiny-v0": Suite("MorcaTiny-v0", "tiny-eval[::5]", (2.0, 2.5, 3.0), (("lpips", False),),
                           "MorcaTiny (CPU): 40 held-out prompts x their fixed seeds"),
+    # 40 of the 240 held-out scenes-eval pairs, 5 of each content class (motion x simple/complex)
+    "MorcaScenes-v0": Suite("MorcaScenes-v0", "scenes-eval[::6]", (2.0, 2.5, 3.0), (("lpips", False),),
+                            "MorcaScenes (CPU): 40 held-out prompts, 5 per content class, x their fixed seeds",
+                            "scenes-train"),
     # the random-weights tiny model of the tests: a protocol check in seconds, not a benchmark
     "MorcaTinyRandom-v0": Suite("MorcaTinyRandom-v0", "tiny-eval[:4]", (2.0, 3.0),
                                 (("lpips", False), ("num_inference_steps", 10)), "tests only: random weights"),

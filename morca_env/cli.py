@@ -103,14 +103,16 @@ def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny
                    help="episodes played as one batch (a MorcaVectorEnv; 1: the single env); default "
                         f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
-    p.add_argument("--prompts", help="training prompt suite (default for MorcaTiny-v0: tiny-train:250, the "
-                                     "dataset's prompts, whose references are cached)")
+    p.add_argument("--prompts", help="training prompt suite (default: the model's datasets' prompts, whose "
+                                     "references are cached, e.g. tiny-train:250 for MorcaTiny-v0)")
 
 
 def training_env_kwargs(args) -> dict:
     """The env kwargs a trainer's episodes run with: --env-kwargs, the training prompts, no LPIPS."""
     kwargs = {"lpips": False, **args.env_kwargs}
-    prompts = args.prompts or ("tiny-train:250" if args.env == "MorcaTiny-v0" else None)
+    from .models.presets import preset_for_env
+
+    prompts = args.prompts or preset_for_env(args.env).prompts.trainers
     if prompts:
         kwargs["prompts"] = prompts
     return kwargs

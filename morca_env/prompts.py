@@ -98,6 +98,17 @@ def _builtin(name: str) -> PromptSuite:
 
 
 SUITE_NAMES = ("vbench-train", "vbench-eval", "vbench-all", "tiny-train", "tiny-eval", "scenes-train", "scenes-eval")
+EVALUATION_SUITES = ("vbench-eval", "vbench-all", "tiny-eval", "scenes-eval")  # held out: never fit or train on them
+
+
+def is_evaluation_suite(spec: str) -> bool:
+    """Whether a suite spec (`name`, `name:n`, `name[a:b:c]`) draws from a held-out evaluation suite."""
+    return spec.partition("[")[0].partition(":")[0] in EVALUATION_SUITES
+
+
+def evaluation_prompts() -> frozenset[str]:
+    """Every held-out prompt of every model: what no training data may contain."""
+    return frozenset(p for name in EVALUATION_SUITES for p in _builtin(name).prompts)
 
 
 def _fixed_seeds(suite: PromptSuite) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from agents.anchored import LEAVE_RATES, anchor_of, baseline_of, choose_margin, 
 from agents.checkpoint import CheckpointError, load_learnable
 from morca_env.cli import json_dict, positive_int, show_library_messages, speedup
 from morca_env.io import atomic_write_text
+from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
 from morca_env.registration import register_envs
 from morca_env.schedulers.fixed import StaticSchedule
@@ -41,7 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, required=True, help="where the scheduler with its margin is written")
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
-    p.add_argument("--prompts", default="tiny-train[7::44]", help="validation prompt suite (each with its fixed seed)")
+    p.add_argument("--prompts", help="validation prompt suite, each with its fixed seed (default: the model's, e.g. "
+                                     "tiny-train[7::44])")
     p.add_argument("--pairs", type=positive_int, default=24, help="validation (prompt, seed) pairs: the suite's first N")
     p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
     p.add_argument("--baseline", default="checkpoint",
@@ -50,7 +52,10 @@ def parse_args(argv=None):
                         "checkpoint after a refit) or a schedules file (morca fit-fixed writes them)")
     p.add_argument("--num-envs", type=positive_int, default=None, help="episodes played as one batch")
     p.add_argument("--threads", type=positive_int, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.prompts is None:
+        args.prompts = preset_for_env(args.env).prompts.anchor
+    return args
 
 
 def baseline_named(name: str, anchor: dict, env_id: str) -> StaticSchedule:

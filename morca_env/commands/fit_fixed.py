@@ -32,7 +32,8 @@ from tqdm import tqdm
 import morca_env  # noqa: F401
 from morca_env.io import atomic_write_text
 from morca_env.calibration_files import calibration_file
-from morca_env.prompts import get_suite
+from morca_env.models.presets import preset_for_env
+from morca_env.prompts import get_suite, is_evaluation_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import json_dict, nonnegative_int, positive_int
 
@@ -42,8 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--budgets", type=nonnegative_int, nargs="+", required=True, help="the K values to fit")
-    p.add_argument("--prompts", default="tiny-train[::464]", help="training prompts with fixed seeds (<suite>:<n> or "
-                   "<suite>[start:stop:step]; default: 12 spread over MorcaTiny's grammar)")
+    p.add_argument("--prompts", help="training prompts with fixed seeds (<suite>:<n> or <suite>[start:stop:step]; "
+                   "default: the model's, e.g. tiny-train[::464], 12 spread over MorcaTiny's grammar)")
     p.add_argument("--evaluations", type=positive_int, default=120, help="schedules evaluated per K")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
     p.add_argument("--workers", type=positive_int, default=1)
@@ -54,8 +55,9 @@ def main(argv=None) -> int:
                    "--prompts): per K, keep the fitted schedule only where it beats uniform spacing there")
     p.add_argument("--fresh", action="store_true", help="write only this run's K's (default: merge into the file)")
     args = p.parse_args(argv)
+    args.prompts = args.prompts or preset_for_env(args.env).prompts.fit_fixed
     for option, suite in (("--prompts", args.prompts), ("--select-on", args.select_on)):
-        if suite is not None and suite.startswith(("tiny-eval", "vbench-eval")):
+        if suite is not None and is_evaluation_suite(suite):
             p.error(f"{option} {suite!r} is an evaluation suite; fit and select on training prompts")
     pairs = tuple(get_suite(args.prompts).pairs())
     validation = tuple(get_suite(args.select_on).pairs()) if args.select_on else ()

@@ -27,7 +27,8 @@ import morca_env  # noqa: F401
 from morca_env.cli import json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.calibration_files import calibration_file
-from morca_env.prompts import get_suite
+from morca_env.models.presets import preset_for_env
+from morca_env.prompts import get_suite, is_evaluation_suite
 from morca_env.schedulers.rules import magcache, teacache
 from morca_env.threads import configure_threads
 
@@ -40,11 +41,13 @@ def main(argv=None) -> int:
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments")
     p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES))
-    p.add_argument("--prompts", default="tiny-train:4", help="training prompt suite with fixed seeds (<suite>:<n>)")
+    p.add_argument("--prompts", help="training prompt suite with fixed seeds (<suite>:<n>; default: the model's, "
+                                     "e.g. tiny-train:4)")
     p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--save", default="user", help="'user', 'packaged' or a directory")
     args = p.parse_args(argv)
-    if "eval" in args.prompts.split(":")[0]:
+    args.prompts = args.prompts or preset_for_env(args.env).prompts.fit_rules
+    if is_evaluation_suite(args.prompts):
         p.error(f"--prompts {args.prompts!r} is an evaluation suite; fit on training prompts")
     configure_threads(args.threads)
     pairs = get_suite(args.prompts).pairs()

@@ -22,6 +22,7 @@ from pathlib import Path
 import gymnasium as gym
 
 import morca_env  # noqa: F401
+from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup
@@ -38,7 +39,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="morca search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
-    p.add_argument("--prompts", default="tiny-eval", help="prompt suite (evaluation suites have fixed seeds)")
+    p.add_argument("--prompts", help="prompt suite (evaluation suites have fixed seeds; default: the model's "
+                                     "evaluation suite, e.g. tiny-eval)")
     p.add_argument("--skip", type=nonnegative_int, default=0, help="start at this prompt of the suite")
     p.add_argument("--count", type=positive_int, default=10, help="number of prompts")
     p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     add_ray_arguments(p)
     args = p.parse_args(argv)
     executor = executor_from_args(p, args)
-    suite = get_suite(args.prompts)
+    suite = get_suite(args.prompts or preset_for_env(args.env).eval_suite)
     if args.count < 1 or not 0 <= args.skip < len(suite):
         p.error(f"--skip {args.skip} / --count {args.count}: the suite has {len(suite)} prompts (skip in "
                 f"[0, {len(suite) - 1}], count >= 1)")

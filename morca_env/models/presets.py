@@ -12,6 +12,18 @@ from . import scenes_data, tiny_data
 
 
 @dataclass(frozen=True)
+class TrainingPrompts:
+    """Which training prompts each command uses when given none: slices of the model's training suite,
+    disjoint from one another where one validates another, and never from its evaluation suite."""
+
+    trainers: str | None  # agents' episodes: the offline datasets' prompts, whose references are cached
+    fit_fixed: str  # `morca fit-fixed`: the best fixed schedule's search
+    select_on: str  # its validation (`--select-on`)
+    fit_rules: str  # `morca fit-rules`: the cache rules' thresholds
+    anchor: str  # `morca anchor`: the anchored scheduler's margin
+
+
+@dataclass(frozen=True)
 class ModelPreset:
     name: str
     env_id: str
@@ -27,6 +39,13 @@ class ModelPreset:
     prefers_gpu: bool = True
     model_id: str | None = None
     extra: dict = field(default_factory=dict)
+    prompts: TrainingPrompts | None = None  # the commands' default training prompts (None: VBench's)
+
+    def __post_init__(self):
+        if self.prompts is None:
+            object.__setattr__(self, "prompts", TrainingPrompts(
+                trainers=None, fit_fixed=f"{self.train_suite}:12", select_on=f"{self.train_suite}[12:32]",
+                fit_rules=f"{self.train_suite}:4", anchor=f"{self.train_suite}[32:56]"))
 
 
 def _load_wan21(model_id, device, dtype):
@@ -87,7 +106,9 @@ PRESETS: dict[str, ModelPreset] = {
         load=_load_tiny, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.5), r_max=50.0,
         # Per-step work outside the blocks (signal, features, solver) is ~22% of a full step on
         # this small model, so the ceiling is ~4.1x on a CPU (packaged calibration, 2026-12-01).
-        eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
+        eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False, prompts=TrainingPrompts(
+            trainers="tiny-train:250", fit_fixed="tiny-train[::464]", select_on="tiny-train[11:2651:132]",
+            fit_rules="tiny-train:4", anchor="tiny-train[7::44]"),
     ),
     "scenes": ModelPreset(
         name="scenes", env_id="MorcaScenes-v0",
@@ -97,6 +118,11 @@ PRESETS: dict[str, ModelPreset] = {
                               num_frames=scenes_data.FRAMES, guidance_scale=5.0, max_sequence_length=16),
         load=_load_scenes, train_suite="scenes-train", eval_suite="scenes-eval", speedup_range=(1.5, 3.5),
         r_max=50.0, eval_targets=(2.0, 2.5, 3.0), gpu_dtype=torch.float32, prefers_gpu=False,
+        # 12 and 19 prompts spread over the shuffled grammar for the fixed schedule, disjoint from each other
+        # and from the anchored datasets' scenes-train[5::22]
+        prompts=TrainingPrompts(
+            trainers="scenes-train:250", fit_fixed="scenes-train[::1030]", select_on="scenes-train[11::660]",
+            fit_rules="scenes-train:4", anchor="scenes-train[7::44]"),
     ),
     "tiny-random": ModelPreset(
         name="tiny-random", env_id="MorcaTinyRandom-v0",
@@ -105,6 +131,8 @@ PRESETS: dict[str, ModelPreset] = {
                               max_sequence_length=16),
         load=_load_tiny_random, train_suite="tiny-train", eval_suite="tiny-eval", speedup_range=(1.5, 3.0),
         r_max=50.0, eval_targets=(1.5, 2.0, 2.5), gpu_dtype=torch.float32, prefers_gpu=False,
+        prompts=TrainingPrompts(trainers=None, fit_fixed="tiny-train[::464]", select_on="tiny-train[11:2651:132]",
+                                fit_rules="tiny-train:4", anchor="tiny-train[7::44]"),
     ),
 }
 
@@ -113,3 +141,11 @@ def get_preset(name: str) -> ModelPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def preset_for_env(env_id: str) -> ModelPreset:
+    """The model preset behind a registered env id (where a command's defaults come from)."""
+    for preset in PRESETS.values():
+        if preset.env_id == env_id:
+            return preset
+    raise ValueError(f"env_id={env_id!r} is not a MORCA env; valid: {', '.join(p.env_id for p in PRESETS.values())}")

@@ -139,7 +139,8 @@ def scenes_split(name: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     """(prompts, seeds) of `scenes-eval` or `scenes-train`.
 
     `scenes-eval` holds `SCENES_EVAL_PER_CLASS` fixed (prompt, seed) pairs from each content
-    class (`Scene.content_class`, 8 classes), drawn with a fixed seed; `scenes-train` is every
+    class (`Scene.content_class`, 8 classes), drawn with a fixed seed and listed class after
+    class (so every sixth pair is 5 of each class); `scenes-train` is every
     other prompt of the grammar, in a fixed shuffled order, without seeds.
     """
     scenes = all_scenes()
@@ -147,12 +148,11 @@ def scenes_split(name: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     order = rng.permutation(len(scenes))
     classes = sorted({s.content_class for s in scenes})
     chosen: list[int] = []
-    for cls in classes:
-        chosen += [int(i) for i in order if scenes[i].content_class == cls][:SCENES_EVAL_PER_CLASS]
-    eval_idx = np.sort(np.asarray(chosen))
+    for cls in classes:  # class by class, so `scenes-eval[::6]` takes 5 pairs of each class
+        chosen += sorted([int(i) for i in order if scenes[i].content_class == cls][:SCENES_EVAL_PER_CLASS])
     if name == "scenes-eval":
-        seeds = tuple(int(s) for s in rng.integers(0, 2**31 - 1, len(eval_idx)))
-        return tuple(scenes[i].prompt for i in eval_idx), seeds
+        seeds = tuple(int(s) for s in rng.integers(0, 2**31 - 1, len(chosen)))
+        return tuple(scenes[i].prompt for i in chosen), seeds
     if name == "scenes-train":
         held = set(chosen)
         return tuple(scenes[i].prompt for i in order if int(i) not in held), None

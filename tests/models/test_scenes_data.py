@@ -37,6 +37,9 @@ def test_the_splits_are_disjoint_fixed_and_stratified_by_content_class():
     classes = [sd.parse_prompt(p).content_class for p in eval_prompts]
     assert {c: classes.count(c) for c in set(classes)} == {c: sd.SCENES_EVAL_PER_CLASS for c in set(classes)}
     assert len(set(classes)) == 8
+    every_sixth = classes[::6]  # the benchmark's subset: 5 pairs of each class
+    assert {c: every_sixth.count(c) for c in set(classes)} == {c: 5 for c in set(classes)}
+    assert [sd.parse_prompt(p) for p in train_prompts[:3]] == sd.training_scenes()[:3]  # the model trains on these
     assert sd.scenes_split("scenes-eval") == (eval_prompts, seeds)  # the same on every call and machine
     with pytest.raises(KeyError):
         sd.scenes_split("scenes-valid")
