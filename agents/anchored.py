@@ -6,7 +6,7 @@ switch that leaves that schedule only where validation runs showed a gain.
     return R'   = PSNR - mean PSNR of the episodes that shared its prompt, seed and K (one of them the baseline)
     act:   leave iff min_i Q_i(z', 1) - min_i Q_i(z', 0) > margin      (margin chosen on validation runs)
 
-Why this form, of the three the literature offers (issue 36; docs/results/scheduler_tiny.md has the numbers):
+Why this form, of the three the literature offers (docs/results/scheduler_tiny.md has the numbers):
 * SPIBB (follow the baseline where a state-action count is low) needs counts, and the state is continuous.
 * A residual policy trained with IQL's advantage weighting alone still leaves the baseline wherever its actor
   leans that way, and on MorcaTiny the learnable per-run gain is small against the noise (the headroom page:

@@ -185,7 +185,7 @@ def governors(methods, targets, loaded, k_cost: dict, own_k: set, feedback: bool
     target: for them speedup -> K is the calibration's (their own inference cost counted), so the only unknown is
     the machine's pace, which is the same for all of them. Measured reason: with a governor per method, the best
     fixed schedule and a scheduler that played it action for action ran different K on 45% of 60 prompts and
-    differed by -0.15 to +0.36 dB (runs/s37/eqspeed, 2026-12-04); sharing the machine's governor puts equal
+    differed by -0.15 to +0.36 dB; sharing the machine's governor puts equal
     schedulers of equal cost at the same K, so equal-speedup differences measure the schedulers, not the governors.
     """
     if not feedback:
@@ -266,7 +266,7 @@ class EvaluationRun:
         self.own_k = {m for m, _ in self.methods if self.loaded[m][1] is self.free_env}
         # every exact-K method pays its own per-step time in K (the best fixed schedule ~16 us a step, the shipped
         # scheduler ~20 us on MorcaTiny): charging only learned ones put a scheduler that plays the best fixed
-        # schedule one K above it on 6-10% of prompts at equal measured speedup (runs/s38/eqspeed, 2026-12-04)
+        # schedule one K above it on 6-10% of prompts at equal measured speedup
         # (an ideal, unmeasured calibration maps no seconds to K: there only learned schedulers are timed, and refused)
         calibration = self.env.unwrapped.calibration
         timed = bool(calibration.full_latency_s and calibration.num_steps)
