@@ -67,7 +67,7 @@ def buffer_of(dataset: str, episodes: int):
     data = minari.load_dataset(CollectionRecipe.from_file(DATASETS[dataset]).dataset_id)
     if data.total_episodes < episodes:
         raise SystemExit(f"{dataset}: {data.total_episodes} episodes collected, --episodes {episodes} asked; run "
-                         f"python scripts/collect.py {DATASETS[dataset]} --episodes {episodes}")
+                         f"morca collect {DATASETS[dataset]} --episodes {episodes}")
     return to_replay_buffer(data, episode_indices=list(range(episodes)))  # the defaults: flat, one-step TD
 
 

@@ -181,14 +181,18 @@ class MorcaEnsemble:
         return pick(log_probs.mean(dim=0), self.deterministic)
 
 
-SHIPPED = "trained/morca-tiny-v0.safetensors"  # the anchored recipe's MorcaTiny scheduler (agents/trained/README.md)
+# the anchored recipe's scheduler per model (agents/trained/README.md); a model without one has no default "morca"
+SHIPPED = {"tiny": "trained/morca-tiny-v0.safetensors"}
 
 
-def shipped_checkpoint() -> str:
-    """The MorcaTiny-v0 scheduler that ships with the package (with its checksum sidecar)."""
+def shipped_checkpoint(model: str = "tiny") -> str:
+    """The scheduler that ships with the package for `model` (with its checksum sidecar)."""
     from importlib import resources
 
-    return str(resources.files("agents").joinpath(SHIPPED))
+    if model not in SHIPPED:
+        raise FileNotFoundError(f"no scheduler ships for model {model!r} (shipped: {', '.join(sorted(SHIPPED))}); "
+                                "train one (morca quickstart --env ...) and pass its checkpoint as path=")
+    return str(resources.files("agents").joinpath(SHIPPED[model]))
 
 
 @register("morca", learned=True, checkpoint_suffixes=(".safetensors", ".d3"))

@@ -27,9 +27,10 @@ decisions; the videos that recompute run the blocks as one sub-batch (`ResidualC
 a separate call with video n's prompt and generator (pass a list of generators, one per video, as diffusers
 allows), up to float32 rounding. Run-time rules (which read one live run) need one video per call.
 
-Note for MorcaTiny (pixel space, no VAE): `WanPipeline` assumes a 4x temporal
-VAE and turns `num_frames=F` into F + 1 frames when the temporal factor is 1;
-ask for `num_frames=7` and `output_type="latent"` to get its 8 frames.
+Note for the pixel-space testbeds (MorcaTiny, MorcaScenes: no VAE): `WanPipeline`
+assumes a 4x temporal VAE and turns `num_frames=F` into F + 1 frames when the
+temporal factor is 1; ask for `num_frames=7` (MorcaTiny's 8 frames) or 11
+(MorcaScenes' 12) and `output_type="latent"`.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     """Call `pipe(**call_kwargs)` with `policy` deciding cache reuse under an exact budget.
 
     Pass `budget` (K) or `speedup` (converted with `calibration`: a `SpeedupCalibration`, a calibration
-    JSON, or a registered model name, "wan21", "wan22" or "tiny"; by default the one of the pipeline's
+    JSON, or a registered model name, "wan21", "wan22", "tiny" or "scenes"; by default the one of the pipeline's
     model, read from its transformer's config, and refused if unknown; `scheduler_cost_s`, the
     policy's own seconds per step, is counted in that conversion). One call runs the K
     with the nearest predicted speedup (the env instead dithers K across episodes).

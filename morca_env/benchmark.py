@@ -284,7 +284,7 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
             if ref is not None and ref["k"][index] != k:
                 raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
                                    f"pair {index}; this env gives K={k} (another calibration or step count): remake "
-                                   f"them with scripts/benchmark_references.py {suite.env_id}")
+                                   f"them with morca references {suite.env_id}")
     slots = episodes_per_batch(env)
     members = [policy] + [copy.deepcopy(policy) for _ in range(slots - 1)]
     trajectories = rollout_many(env, [members[j % slots] for j in range(len(episodes))],

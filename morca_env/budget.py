@@ -210,7 +210,7 @@ class SpeedupCalibration:
             return self
         if not self.full_latency_s or not self.num_steps:
             raise ValueError(f"scheduler_cost_s needs a measured calibration (full latency and step count); "
-                             f"this one is: {self.source}. Run scripts/calibrate.py.")
+                             f"this one is: {self.source}. Run morca calibrate.")
         fraction = seconds_per_step * self.num_steps / self.full_latency_s
         costed = replace(self, scheduler_fraction=self.scheduler_fraction + fraction,
                          source=f"{self.source} + scheduler {seconds_per_step * 1e3:.2f} ms/step")

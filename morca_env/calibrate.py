@@ -2,7 +2,7 @@
 
 Wall-clock speedups drift with the machine's state (on a shared 2-core VM the
 env-to-stock latency ratio moved ~6% within hours), so a calibration is only as
-good as it is recent: `scripts/calibrate.py` saves one, and `scripts/evaluate.py
+good as it is recent: `morca calibrate` saves one, and `morca evaluate
 --calibrate` / `benchmarks/bench_env.py` measure one right before they time.
 
 rho = T_full / T(K): T_full is the stock no-cache generation (no scheduler inputs

@@ -1,7 +1,7 @@
 """The calibration's files and the threshold maps read from them: one home for where they live and how they load.
 
 This machine's files live under the cache root's `calibration/` (written by
-`scripts/calibrate.py`, found first); the packaged ones ship in
+`morca calibrate`, found first); the packaged ones ship in
 `morca_env/calibration/`. `load_calibration` gives the map K(rho)
 (`morca_env.budget.SpeedupCalibration`), `load_threshold_map` the global
 threshold map g(rho) that turns a target speedup into a rule's threshold.
@@ -46,7 +46,7 @@ def calibration_file(filename: str, where: str = "user") -> Path:
 
 
 def find_calibration_file(filename: str) -> Path | None:
-    """The user's calibration file (written by scripts/calibrate.py) if any, else the packaged one."""
+    """The user's calibration file (written by morca calibrate) if any, else the packaged one."""
     for path in (user_calibration_dir() / filename, packaged_calibration_path(filename.removesuffix(".json"))):
         if path.is_file():
             return path
@@ -63,7 +63,7 @@ def load_threshold_map(name: str):
 
 
 def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalibration:
-    """The calibration `scripts/calibrate.py` saved for this machine, else the packaged one, else the ideal model.
+    """The calibration `morca calibrate` saved for this machine, else the packaged one, else the ideal model.
 
     A calibration made for another step count is rescaled (alpha, beta proportional
     to N, since each step costs the same) with a one-time warning.
@@ -79,7 +79,7 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
     else:
         if name not in _warned:
             warnings.warn(f"no speedup calibration for {name!r}; using the ideal model K = N (1 - 1/rho). "
-                          "Run scripts/calibrate.py to measure one.", stacklevel=3)
+                          "Run morca calibrate to measure one.", stacklevel=3)
             _warned.add(name)
         return SpeedupCalibration(alpha=float(num_steps), beta=float(num_steps), max_budget=max_budget,
                                   source="ideal model (uncalibrated)")
@@ -100,7 +100,7 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
 class ThresholdMap:
     """g(rho): the global SeaCache threshold whose mean realised speedup is rho (interpolated in log delta).
 
-    Built from (speedup, threshold) pairs measured by `scripts/calibrate.py --thresholds`
+    Built from (speedup, threshold) pairs measured by `morca calibrate --thresholds`
     (or, for Wan2.1 / Wan2.2, the paper's Table 7 settings).
     """
 

@@ -63,7 +63,7 @@ class CollectionRecipe:
     feature_dtype: str = "float16"
     description: str = ""
     author: str = "MORCA gym"
-    code_permalink: str = "morca-gym repository, scripts/collect.py (morca_env/data.py)"
+    code_permalink: str = "morca-gym repository, morca collect (morca_env/data.py)"
     algorithm_name: str = "threshold-curve SeaCache (MORCA App. B.3)"
 
     def __post_init__(self):
@@ -289,7 +289,7 @@ def collect_dataset(
     feature_dtype: str = "float16",
     description: str = "",
     author: str = "MORCA gym",
-    code_permalink: str = "morca-gym repository, scripts/collect.py (morca_env/data.py)",
+    code_permalink: str = "morca-gym repository, morca collect (morca_env/data.py)",
     env_overrides: dict | None = None,
     progress: bool = True,
     recipe: CollectionRecipe | None = None,

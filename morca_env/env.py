@@ -98,6 +98,23 @@ class MorcaEnv(gym.Env):
     action mask keeps exactly K reuses attainable (the augmented MDP of the
     MORCA paper, App. D), so every episode hits its budget.
 
+    ## Variants
+
+    | id                   | model                                   | for                                   |
+    |----------------------|-----------------------------------------|---------------------------------------|
+    | `MorcaWan21-v0`      | Wan2.1-T2V-1.3B (GPU, weights)          | the paper's setting                   |
+    | `MorcaWan22-v0`      | Wan2.2-T2V-A14B, two experts (GPU)      | the paper's setting                   |
+    | `MorcaTiny-v0`       | packaged, 8 x 16 x 16 px, one shape     | the whole pipeline on a CPU           |
+    | `MorcaScenes-v0`     | packaged, 12 x 16 x 16 px, scenes       | content-dependent scheduling on a CPU |
+    | `MorcaTinyRandom-v0` | MorcaTiny's architecture, random weights| tests                                 |
+
+    MorcaTiny's videos (one shape on a near-flat background) all pose the same
+    denoising problem; MorcaScenes' prompts set motion (still to a camera pan),
+    complexity (1-3 objects, five background textures), a temporal event and a
+    scale change independently, so schedules can depend on the content. Both
+    are testbeds for methods at CPU scale, trained by this project; results on
+    them are not evidence about Wan (docs/morca_tiny.md, docs/morca_scenes.md).
+
     ## Action Space
 
     `Discrete(2)`: 0 = recompute, 1 = reuse. An infeasible action is projected onto
@@ -115,7 +132,7 @@ class MorcaEnv(gym.Env):
     | `scalars`     | (7,)           | d_t, D_t, t, l_t, u_t, K, cache-valid bit                      |
     | `action_mask` | (2,) int8      | [recompute feasible, reuse feasible]                           |
 
-    C is the latent's channel count (16 for Wan, 3 for MorcaTiny). d_t is SeaCache's
+    C is the latent's channel count (16 for Wan, 3 for the pixel-space testbeds). d_t is SeaCache's
     filtered step distance and D_t its sum since the last recompute (unbounded);
     t = remaining steps / N, l_t = steps since the last recompute / N,
     u_t = reuses so far / N, K = budget / N. The flat form (`FlattenObservation(env)`,
@@ -148,12 +165,13 @@ class MorcaEnv(gym.Env):
     first reset (after a warm-up run when the reference came from disk); the
     latency stored with a cached reference is never used, since it may come from
     a cold first run or another machine. Timings drift with a machine's load:
-    `scripts/evaluate.py` times stock runs next to each prompt's episodes.
+    `morca evaluate` times stock runs next to each prompt's episodes.
 
     ## Arguments
 
     ```python
     gym.make("MorcaTiny-v0", speedup=3.0)            # or budget=25, or speedup=(1.5, 4.5)
+    gym.make("MorcaScenes-v0", speedup=3.0)          # the CPU testbed whose videos differ in content
     gym.make("MorcaWan21-v0", speedup=3.0)           # real Wan2.1 (GPU, weights)
     gym.make("MorcaWan21-v0", pipeline=my_pipe)      # any already built WanPipeline
     ```

@@ -1,6 +1,7 @@
-"""MORCA gym quickstart: the whole pipeline on MorcaTiny-v0, sized for a 2-core CPU (~10 min, plus ~2 min of setup).
+"""MORCA gym quickstart: the whole pipeline on a CPU testbed, sized for a 2-core CPU (~10 min, plus ~2 min of setup).
 
     morca quickstart                      # the default (anchored) recipe at quick sizes (the README's main command)
+    morca quickstart --env MorcaScenes-v0 # the same on the testbed whose videos differ in motion and complexity
     morca quickstart --recipe paper       # the paper's recipe (mixture data, plain IQL) at quick sizes
     morca quickstart --scale paper        # the paper's recipe at the paper's sizes (hours on a CPU)
     morca quickstart --episodes 300 --offline-epochs 10 ...   # anything in between
@@ -12,12 +13,13 @@ its datasets/ files):
                                  random threshold curves (--scale paper)
   2. morca train                 offline discrete IQL (anchored: on the residual of the best fixed schedule)
   3. morca finetune              online fine-tuning rounds
-  4. morca anchor                (anchored) the online scheduler's margin, chosen on validation prompts tiny-train[7::44]
+  4. morca anchor                (anchored) the online scheduler's margin, chosen on the model's validation prompts
+                                 (MorcaTiny: tiny-train[7::44])
   5. morca evaluate              measures this machine's speedup calibration, then MORCA (anchored: online and the
                                  shipped scheduler, at the rules' K per prompt (--same-k), so paired with the best
                                  fixed schedule; paper: offline and online, speedups held by feedback) vs SeaCache
                                  (global threshold), uniform spacing and the best fixed schedule at 2x / 2.5x / 3x
-                                 on held-out tiny-eval prompts: table, Pareto plot, schedule plot, videos
+                                 on held-out prompts (tiny-eval, scenes-eval): table, Pareto plot, schedule plot, videos
 Everything (datasets, caches, checkpoints, results) goes under --out (default runs/quickstart);
 re-running resumes where it stopped.
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from morca_env.cli import nonnegative_int, positive_int, speedup
 from morca_env.commands import resume_flag, run_step as run
+from morca_env.models.presets import preset_for_env
 
 # sizes where 0 means something (no cap on the updates, no warm-up, the installed calibration); every other
 # count must be positive (--episodes 0 / --workers 0 used to pass here and fail later inside a child step)
@@ -39,7 +42,7 @@ ZERO_ALLOWED = {"max_steps_per_epoch", "online_steps_per_epoch", "warmup_epochs"
 QUICK = dict(episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80, rounds=2, trajectories=16,
              warmup_epochs=1, joint_epochs=2, online_steps_per_epoch=25, eval_prompts=8, calibration_rounds=6,
              timing_repeats=2, features="", n_step=50, validation_pairs=16)
-SCALES = {
+SCALES = {  # MorcaTiny-v0's recipes and prompts; `for_env` gives another testbed's
     # quick, anchored (the default): scalar state features and Monte-Carlo returns, the variant that learns at CPU
     # scale (docs/results/ablation_tiny.md), on groups around the best fixed schedule (agents.anchored)
     ("quick", "anchored"): dict(data="datasets/morca/tiny/anchored-v2.json", prompts="tiny-train[5::22]", **QUICK),
@@ -56,6 +59,17 @@ SCALES = {
 }
 
 
+TESTBEDS = ("MorcaTiny-v0", "MorcaScenes-v0")  # the CPU testbeds whose recipes live in datasets/morca/<model>/
+
+
+def for_env(sizes: dict, env_id: str) -> dict:
+    """`sizes` with the data recipe and training prompts of `env_id`'s model (same recipe file names and slices)."""
+    preset = preset_for_env(env_id)
+    tiny = preset_for_env("MorcaTiny-v0")
+    return {**sizes, "data": sizes["data"].replace(f"/{tiny.name}/", f"/{preset.name}/"),
+            "prompts": sizes["prompts"].replace(tiny.train_suite, preset.train_suite)}
+
+
 def lean_env(features: str) -> list[str]:
     """Scalar-state schedulers (and the rules) never read latent features: evaluate in the cheaper env."""
     return [] if features else ["--env-kwargs", '{"latent_features": false}']
@@ -63,6 +77,7 @@ def lean_env(features: str) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="morca quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", choices=TESTBEDS, default="MorcaTiny-v0", help="the CPU testbed")
     p.add_argument("--scale", choices=("quick", "paper"), default="quick")
     p.add_argument("--recipe", choices=("anchored", "paper"), default=None,
                    help="anchored (default at --scale quick): learn to leave the best fixed schedule only where it "
@@ -76,7 +91,8 @@ def main(argv=None) -> int:
     recipe = args.recipe or ("anchored" if args.scale == "quick" else "paper")
     if (args.scale, recipe) not in SCALES:
         p.error("--scale paper runs the paper's recipe only (the anchored recipe's sizes are --scale quick's)")
-    sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[(args.scale, recipe)].items()}
+    defaults = for_env(SCALES[(args.scale, recipe)], args.env)
+    sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in defaults.items()}
     if not Path(sizes["data"]).is_file():
         p.error(f"data recipe {sizes['data']!r} not found: run from a checkout of morca-gym (the recipes live in "
                 "its datasets/ folder), or pass --data <file>")
@@ -84,7 +100,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MINARI_DATASETS_PATH": str(out / "minari"), "MORCA_CACHE_DIR": str(out / "cache"),
            "PYTHONUNBUFFERED": "1"}
-    dataset = f"morca/tiny/quickstart-{Path(sizes['data']).stem}"  # one dataset per recipe: a rerun never mixes them
+    model = preset_for_env(args.env).name
+    dataset = f"morca/{model}/quickstart-{Path(sizes['data']).stem}"  # one dataset per recipe: a rerun never mixes them
+    on_env = ["--env", args.env]
     t0 = time.perf_counter()
     cap = lambda n: ["--max-steps-per-epoch", str(n)] if n else []  # noqa: E731
     anchored = recipe == "anchored"
@@ -99,7 +117,7 @@ def main(argv=None) -> int:
     run(f"2/{steps} offline IQL", offline_args, env)
     online = out / "online"
     online_args = ["finetune", "--offline", str(offline / "final.safetensors"), "--dataset", dataset,
-                   "--n-step", str(sizes["n_step"]), "--prompts", sizes["prompts"],
+                   "--n-step", str(sizes["n_step"]), "--prompts", sizes["prompts"], *on_env,
                    "--rounds", str(sizes["rounds"]), "--trajectories", str(sizes["trajectories"]),
                    "--warmup-epochs", str(sizes["warmup_epochs"]), "--joint-epochs", str(sizes["joint_epochs"]),
                    "--run-dir", str(online), *cap(sizes["online_steps_per_epoch"]), *resume_flag(online)]
@@ -109,16 +127,18 @@ def main(argv=None) -> int:
     if anchored:  # the online scheduler's margin on validation pairs; compared with the shipped one at the same K
         chosen = online / "anchored.safetensors"
         if not chosen.exists():  # resumable: a chosen margin is kept
-            run(f"4/{steps} margin", ["anchor", str(online / "final.safetensors"), "--out", str(chosen),
+            run(f"4/{steps} margin", ["anchor", str(online / "final.safetensors"), "--out", str(chosen), *on_env,
                                       "--pairs", str(sizes["validation_pairs"]), "--targets", *map(str, args.targets)],
                 env)
-        from agents.policy import shipped_checkpoint
+        from agents.policy import SHIPPED, shipped_checkpoint
 
-        methods = [f"morca-online={chosen}", f"morca-shipped={shipped_checkpoint()}"]
+        methods = [f"morca-online={chosen}"]
+        if model in SHIPPED:
+            methods.append(f"morca-shipped={shipped_checkpoint(model)}")
         # every exact-budget method at the calibration's K per prompt (open loop): MORCA paired with the best fixed
         # schedule at the same K, the comparison that ranks schedulers (feedback would give each method its own K)
         comparison = ["--same-k", "--no-matched"]
-    run(f"{steps}/{steps} evaluate", ["evaluate", "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
+    run(f"{steps}/{steps} evaluate", ["evaluate", *on_env, "--prompts", str(sizes["eval_prompts"]), "--out", str(out / "eval"),
                                       "--calibrate", str(sizes["calibration_rounds"]),
                                       "--timing-repeats", str(sizes["timing_repeats"]),
                                       *comparison, *lean_env(sizes["features"]),

@@ -78,7 +78,7 @@ def calibrate_thresholds(args, kwargs) -> int:
             speedups.append(rho)
             thresholds.append(delta)
     name = env.preset.name
-    tmap = ThresholdMap(speedups, thresholds, source=f"scripts/calibrate.py --thresholds, {args.prompts} prompts, "
+    tmap = ThresholdMap(speedups, thresholds, source=f"morca calibrate --env {args.env} --thresholds --prompts {args.prompts}, "
                                                       f"{time.strftime('%Y-%m-%d')}")
     out = args.out or calibration_file(f"{name}_threshold.json", "packaged" if args.packaged else "user")
     from morca_env.io import atomic_write_text

@@ -8,11 +8,11 @@
 Methods: `uniform` (uniform interval), `random` (random feasible), `behaviour`
 (the datasets' random threshold-curve policy, held to K by the mask), `seacache-exact`
 (SeaCache with the per-video threshold that spends exactly K), `seacache-global`
-(one threshold per target, g(rho) from `scripts/calibrate.py --thresholds`,
+(one threshold per target, g(rho) from `morca calibrate --thresholds`,
 tuned on training prompts as the paper tunes it; its K varies per video),
 `best-fixed` (the best fixed schedule per K, fitted on training prompts by
-`scripts/fit_fixed_schedule.py`), `searched=<dir>` (the per-prompt oracle:
-schedules found by `scripts/search_schedules.py`, same K as the others only
+`morca fit-fixed`), `searched=<dir>` (the per-prompt oracle:
+schedules found by `morca search`, same K as the others only
 without --calibrate), any other name of `morca_env.schedulers.names()`,
 `morca-*=<.safetensors>` (IQL or REINFORCE schedulers: the checkpoint names which), and `<label>='{"name": <scheduler>, <option>: ...}'`
 (a scheduler with options under its own label, e.g. `acid-tea='{"name": "acid-exact", "rule": "teacache"}'`). Every episode appends a
@@ -38,7 +38,7 @@ of R timed episodes: a static table lookup ~15 us a step on MorcaTiny, a learned
 scheduler that calls its network more); the per-video
 threshold search of `seacache-exact` (its replays) is not counted: it is an
 oracle-style baseline for quality at equal K, not a deployable method.
-`--ray` runs the episodes on `--workers` Ray actors (see scripts/collect.py), grouped by
+`--ray` runs the episodes on `--workers` Ray actors (see morca collect --help), grouped by
 (target, prompt) so that each group's stock run is timed on the machine that runs its
 episodes; open loop only (not with --feedback).
 """

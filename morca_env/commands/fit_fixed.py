@@ -93,8 +93,8 @@ def main(argv=None) -> int:
                                                    alternatives)
             fits[k].update(scores)
         env.close()
-    source = (f"scripts/fit_fixed_schedule.py --prompts {args.prompts} --evaluations {args.evaluations} "
-              f"--seed {args.seed}" + (f" --select-on {args.select_on}" if validation else "") + f" ({args.env})")
+    source = (f"morca fit-fixed --env {args.env} --prompts {args.prompts} --evaluations {args.evaluations} "
+              f"--seed {args.seed}" + (f" --select-on {args.select_on}" if validation else ""))
     for fit in fits.values():  # a merged file keeps each K's own command (the file's "source" is the latest)
         fit["source"] = source
     atomic_write_text(path, json.dumps({"source": source, "prompts": args.prompts, "select_on": args.select_on,

@@ -8,8 +8,8 @@ docs/results/scheduler_tiny.md). K for a target is the one every method gets at
 that target for that seed (`MorcaEnv.budget_for_speedup`). Every evaluated
 schedule is kept with its PSNR (`<out>/<prompt>_<seed>_K<k>.jsonl`, a search's
 result in the `.json` next to it); rerunning resumes. Play the found schedules
-with the `searched` scheduler (`scripts/evaluate.py --methods searched=<out>`).
-`--ray` runs the searches on Ray actors (see scripts/collect.py), `--workers` of them.
+with the `searched` scheduler (`morca evaluate --methods searched=<out>`).
+`--ray` runs the searches on Ray actors (see morca collect --help), `--workers` of them.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class ModelPreset:
     eval_suite: str
     speedup_range: tuple[float, float]  # default per-episode target range (the paper's data ranges)
     r_max: float
-    eval_targets: tuple[float, ...] = (2.4, 3.0, 4.0)  # default speedups of scripts/evaluate.py (paper Sec. 4.1)
+    eval_targets: tuple[float, ...] = (2.4, 3.0, 4.0)  # default speedups of morca evaluate (paper Sec. 4.1)
     gpu_dtype: torch.dtype = torch.bfloat16
     prefers_gpu: bool = True
     model_id: str | None = None

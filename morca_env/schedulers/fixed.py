@@ -54,7 +54,7 @@ class FixedSchedule(PrecomputedSchedule):
 class StaticSchedule(PrecomputedSchedule):
     """The best fixed schedule: for each K, the one schedule with the highest mean PSNR over training prompts.
 
-    `schedules` maps K to a schedule found by `morca_env.search` (`scripts/fit_fixed_schedule.py`).
+    `schedules` maps K to a schedule found by `morca_env.search` (`morca fit-fixed`).
     A K without its own entry takes the nearest fitted K's schedule and adds the
     missing reuses (or removes the extra ones) where they keep recomputes most
     evenly spaced, so every K is served.
@@ -82,7 +82,7 @@ class StaticSchedule(PrecomputedSchedule):
     def packaged(cls, model: str) -> "StaticSchedule":
         path = find_calibration_file(f"{model}_fixed_schedules.json")
         if path is None:
-            raise FileNotFoundError(f"no fitted fixed schedules for {model!r}; run scripts/fit_fixed_schedule.py")
+            raise FileNotFoundError(f"no fitted fixed schedules for {model!r}; run morca fit-fixed --env <its env id>")
         return cls.from_file(path)
 
     @classmethod
@@ -129,7 +129,7 @@ class RandomFeasible(PrecomputedSchedule):
 class SearchedSchedules(PrecomputedSchedule):
     """The per-prompt oracle: plays the schedule `morca_env.search` found for this (prompt, seed, K).
 
-    Reads the `<name>.json` results of `scripts/search_schedules.py` in `path`; an episode
+    Reads the `<name>.json` results of `morca search` in `path`; an episode
     without a search result is an error, never a silent fallback.
     """
 
@@ -152,7 +152,7 @@ class SearchedSchedules(PrecomputedSchedule):
     def plan(self, spec, budget):
         if self.key not in self.found:
             raise KeyError(f"no searched schedule for prompt {self.key[0]!r}, seed {self.key[1]}, K={self.key[2]}; "
-                           "run scripts/search_schedules.py for it")
+                           "run morca search for it")
         return list(self.found[self.key])
 
 

@@ -1,4 +1,4 @@
-"""`morca fit-rules` (scripts/fit_cache_rules.py): the rule constants fitted on a registered model, written where the rules read them."""
+"""`morca fit-rules`: the rule constants fitted on a registered model, written where the rules read them."""
 
 import importlib.util
 import json

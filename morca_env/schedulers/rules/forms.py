@@ -288,7 +288,7 @@ def clipping(name: str, schedule, budget: int, num_steps: int, threshold: float)
 
 
 def packaged_constants(rule: str, model: str | None) -> dict | None:
-    """The constants `scripts/fit_cache_rules.py` fitted for `model` (a user file first, then the packaged one)."""
+    """The constants `morca fit-rules` fitted for `model` (a user file first, then the packaged one)."""
     if model is None:
         return None
     from ...calibration_files import find_calibration_file

@@ -2,7 +2,7 @@
 
 The authors calibrate once, per step and CFG branch, the magnitude ratio
 ratio_t = mean over tokens of ||r_t||_2 / ||r_{t-1}||_2 of the block-stack residual r
-(`scripts/fit_cache_rules.py` does it for our models). At run time the gate needs
+(`morca fit-rules` does it for our models). At run time the gate needs
 only the step index. Per branch, after the first int(2N R) transformer calls (calls
 alternate cond, uncond: call 2i + b at step i), each step does
 
@@ -141,7 +141,7 @@ def ratios_for(model: str | None, ratios=None):
     if fitted is not None:
         return fitted["ratios"]
     if model not in (None, "wan21"):
-        warnings.warn(f"no MagCache ratios fitted for {model!r} (scripts/fit_cache_rules.py); using the shipped "
+        warnings.warn(f"no MagCache ratios fitted for {model!r} (morca fit-rules); using the shipped "
                       "Wan2.1-T2V-1.3B ones", stacklevel=3)
     return WAN21_T2V_13B_RATIOS
 

@@ -16,7 +16,7 @@ time embedding under float32 autocast) on the run's scheduler timesteps, with
 the expert that runs each step (Wan2.2).
 
 Constants: the authors' T2V-1.3B polynomials (below); for our models, the ones
-`scripts/fit_cache_rules.py` fits by the authors' procedure. Thresholds in the
+`morca fit-rules` fits by the authors' procedure. Thresholds in the
 authors' README for 1.3B: 0.05 / 0.07 / 0.08 (settings "slow" / "medium" / "fast",
 our names; default 0.08); MORCA's Table 7: 0.142 / 0.195 / 0.36 at ~2.4x / 3.0x / 4.0x.
 """
@@ -133,7 +133,7 @@ def coefficients_for(model: str | None, use_ret_steps: bool, coefficients=None):
     if fitted is not None:
         return fitted[key]
     if model not in (None, "wan21"):
-        warnings.warn(f"no TeaCache polynomial fitted for {model!r} (scripts/fit_cache_rules.py); using the "
+        warnings.warn(f"no TeaCache polynomial fitted for {model!r} (morca fit-rules); using the "
                       "authors' Wan2.1-T2V-1.3B one", stacklevel=3)
     return COEFFICIENTS["wan21-ret" if use_ret_steps else "wan21"]
 
