@@ -74,6 +74,8 @@ class CollectionRecipe:
         if not isinstance(self.behavior, dict) or self.behavior.get("name") not in valid:
             raise ValueError(f"behavior={self.behavior!r}; valid: a behaviour name ({', '.join(valid)}) or a "
                              "dict {'name': <name>, **options}")
+        for spec in _nested_specs(self.behavior):  # a mixture's components too
+            schedulers.refuse_caller_only_options(spec, f"recipe {self.dataset_id!r}: behaviour {spec!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if isinstance(self.num_episodes, bool) or not isinstance(self.num_episodes, int) or self.num_episodes < 1:
@@ -120,6 +122,17 @@ def minari_root() -> Path:
 
 
 # ------------------------------------------------------------------ behaviour
+def _nested_specs(value):
+    """Every JSON object inside a behaviour spec, itself included."""
+    if isinstance(value, dict):
+        yield value
+        for inner in value.values():
+            yield from _nested_specs(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _nested_specs(inner)
+
+
 def make_behavior(spec: dict, env, seed: int):
     """The behaviour policy of a recipe entry {"name": <scheduler name>, **options} (`schedulers.from_spec`)."""
     return schedulers.from_spec(spec, env, seed=seed)

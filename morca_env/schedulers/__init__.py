@@ -16,8 +16,10 @@ Learned schedulers ("morca", "reinforce") are registered by the `agents` package
 
 from . import anchored, behaviour, fixed, mixture, seacache  # noqa: F401  (each registers its schedulers)
 from .base import PrecomputedSchedule, Scheduler, feasible, needs_exact_budget
-from .registry import Entry, checkpoint_paths, entry, from_spec, is_seeded, make, names, parse_method, register
+from .registry import (Entry, checkpoint_paths, entry, from_spec, is_seeded, make, names, parse_method,
+                       refuse_caller_only_options, register)
 from .rules import rule_names
 
 __all__ = ["Entry", "PrecomputedSchedule", "Scheduler", "checkpoint_paths", "entry", "feasible", "from_spec",
-           "is_seeded", "make", "names", "needs_exact_budget", "parse_method", "register", "rule_names"]
+           "is_seeded", "make", "names", "needs_exact_budget", "parse_method", "refuse_caller_only_options", "register",
+           "rule_names"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import entry, make, register
+from .registry import entry, make, refuse_caller_only_options, register
 
 
 @register("mixture", seeded=True, needs_env=True)
@@ -23,6 +23,7 @@ class Mixture:
             if not isinstance(component, dict) or not isinstance(component.get("name"), str):
                 raise ValueError(f"mixture component {component!r} must be an object with a scheduler \"name\" "
                                  "(and optionally a \"weight\" and the scheduler's options)")
+            refuse_caller_only_options(component, f"mixture component {component!r}")
         weights = np.array([float(c.get("weight", 1.0)) for c in components])
         if np.any(weights < 0) or weights.sum() <= 0:
             raise ValueError(f"mixture weights {weights.tolist()} must be >= 0 with a positive sum")

@@ -131,10 +131,25 @@ def make(name: str, env=None, seed: int | None = None, **options):
         raise TypeError(f"scheduler {name!r}: {error}") from None
 
 
+# options only the person running the code may set: a data file that others share (a recipe, a mixture) must not
+# be able to make a loader unpickle a file, which runs whatever code the pickle carries
+CALLER_ONLY_OPTIONS = ("trusted",)
+
+
+def refuse_caller_only_options(spec: dict, where: str) -> None:
+    """Raise if a spec read from a data file carries an option that only the caller may give."""
+    asked = [k for k in CALLER_ONLY_OPTIONS if k in spec]
+    if asked:
+        raise ValueError(f"{where} sets {asked[0]!r}: trust comes from the person running the command, never from a "
+                         f"data file; convert the checkpoint yourself (morca convert-checkpoint <file>) and point "
+                         "the spec at the converted .safetensors file")
+
+
 def from_spec(spec: dict, env=None, seed: int | None = None):
     """A scheduler from a recipe entry {"name": <registered name>, <option>: ...} (collection recipes, mixtures)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"scheduler spec {spec!r} must be a JSON object with a \"name\"")
+    refuse_caller_only_options(spec, f"scheduler spec {spec!r}")
     return make(spec["name"], env, seed=seed, **{k: v for k, v in spec.items() if k != "name"})
 
 

@@ -221,3 +221,30 @@ def test_a_policy_played_at_another_step_count_than_its_training_warns(fitted, t
         policy.reset(row, {"num_steps": 20})  # its own step count: silent
     with pytest.warns(UserWarning, match="trained on 20-step episodes and plays a 50-step one"):
         policy.reset(row, {"num_steps": 50})
+
+
+@pytest.mark.parametrize("behavior", ["plain", "mixture"])
+def test_a_recipe_cannot_grant_trust_so_its_pickle_runs_nothing(tmp_path, monkeypatch, capsys, behavior):
+    """Trust comes from the caller: a shared collection recipe asking for `trusted` is refused before any load."""
+    from morca_env.commands import collect
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.d3"
+    evil.write_bytes(pickle.dumps({"version": "2.8.1", "config": "{}", "torch": WritesAFile(marker)}))
+    write_checksum(evil)
+    spec = {"name": "morca", "path": str(evil), "trusted": True}
+    if behavior == "mixture":
+        spec = {"name": "mixture", "components": [{**spec, "weight": 1.0}]}
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"dataset_id": "morca/test/evil-v0", "env_id": "MorcaTinyRandom-v0",
+                                  "num_episodes": 1, "env_kwargs": {"num_inference_steps": 6, "lpips": False},
+                                  "behavior": spec, "seed": 0}))
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit):
+        collect.main([str(recipe), "--workers", "1", "--num-envs", "1"])
+    assert "trust comes from the person running the command" in capsys.readouterr().err
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="trust comes from the person"):  # the Python path too
+        schedulers.from_spec(spec, env=None)
+    assert not marker.exists()
