@@ -13,6 +13,7 @@ says why; a legacy REINFORCE `.pt` loads with torch's `weights_only=True`, which
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -79,10 +80,11 @@ def verify(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint {path} has no checksum file {side.name}, so its integrity cannot be "
                               "checked; if you trust it, record one with "
                               f"agents.checkpoint.write_checksum({str(path)!r})")
-    recorded = side.read_text().split()
+    # one digest per line; two only while a save replaces the file (`_replacing_with_checksum`)
+    recorded = [line.split()[0] for line in side.read_text().splitlines() if line.split()]
     expected = recorded[0] if recorded else ""
     actual = file_sha256(path)
-    if actual != expected:
+    if actual not in recorded:
         raise CheckpointError(f"checkpoint {path} is damaged: its sha256 {actual[:12]}... does not match "
                               f"{expected[:12] or '(empty)'}... in {side.name} (changed bytes, truncation or an "
                               "interrupted save); restore it or train again")
@@ -170,10 +172,25 @@ def save_state(state, path: str | Path, scheduler: str, config=None, training=No
     header = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "scheduler": scheduler,
               "observation_layout": LAYOUT, "state": json.dumps(structure), "config": json.dumps(config),
               "training": json.dumps(training, default=str), "tensors_sha256": tensors_sha256(tensors)}
-    with atomic_path(path) as tmp:
+    with _replacing_with_checksum(path) as tmp:
         save_file(tensors, str(tmp), metadata=header)
-        write_checksum(path, tmp)
     return path
+
+
+@contextlib.contextmanager
+def _replacing_with_checksum(path: Path):
+    """Write a checkpoint and its sidecar so that a kill at any moment leaves a pair that verifies.
+
+    Two renames cannot be one atomic step, so the sidecar first records the new digest *and* the old file's, then
+    the file is replaced, then the sidecar keeps the new digest alone: at every point, the file on disk matches a
+    digest its sidecar records (overwriting in place used to leave the old file beside the new sidecar)."""
+    side = checksum_path(path)
+    with atomic_path(path) as tmp:
+        yield tmp
+        new = file_sha256(tmp)
+        old = [file_sha256(path)] if path.is_file() else []
+        atomic_write_text(side, "".join(f"{digest}  {path.name}\n" for digest in [new, *old]))
+    atomic_write_text(side, f"{new}  {path.name}\n")
 
 
 def read_header(path: str | Path) -> dict:

@@ -23,8 +23,9 @@ import minari
 
 from agents.anchored import anchored_buffer
 from agents.offline import OfflineConfig, OfflineTrainer
+from agents.training import FINAL
 from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
-                           show_library_messages)
+                           refuse_to_overwrite, show_library_messages)
 from morca_env.data import first_episodes, to_replay_buffer
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.threads import configure_threads
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     configure_threads(args.threads)
     check_run_arguments(args.run_dir, args)  # a resume with other data or hyperparameters is refused first
+    for marker in ("latest.json", FINAL):  # a new run never replaces a finished or checkpointed one silently
+        refuse_to_overwrite(args.run_dir, marker, args.resume)
     d3rlpy.seed(args.seed)
     datasets = [minari.load_dataset(name) for name in args.dataset]
     indices = first_episodes(datasets[0], args.episodes)

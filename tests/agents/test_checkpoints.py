@@ -248,3 +248,66 @@ def test_a_recipe_cannot_grant_trust_so_its_pickle_runs_nothing(tmp_path, monkey
     with pytest.raises(ValueError, match="trust comes from the person"):  # the Python path too
         schedulers.from_spec(spec, env=None)
     assert not marker.exists()
+
+
+class Killed(BaseException):
+    """A kill -9 at one rename of a save: nothing after it runs (BaseException, so no handler swallows it)."""
+
+
+def test_a_save_interrupted_at_any_rename_leaves_a_pair_that_verifies(tmp_path, monkeypatch):
+    """Overwriting a checkpoint in place: at every point of the save, the file matches a digest in its sidecar."""
+    import morca_env.io
+
+    path = tmp_path / "reinforce.safetensors"
+    save_state({"w": torch.zeros(4)}, path, "reinforce")
+    real_replace = morca_env.io.os.replace
+    renames = []
+    monkeypatch.setattr(morca_env.io.os, "replace", lambda a, b: (renames.append(b), real_replace(a, b)))
+    save_state({"w": torch.ones(4)}, path, "reinforce")
+    assert len(renames) >= 2  # the tensors file and its sidecar at least
+    for stop in range(len(renames)):
+        save_state({"w": torch.zeros(4)}, path, "reinforce")
+        calls = []
+
+        def dies_at_the_stop_th_rename(a, b):
+            calls.append(b)
+            if len(calls) > stop:
+                raise Killed
+            real_replace(a, b)
+
+        monkeypatch.setattr(morca_env.io.os, "replace", dies_at_the_stop_th_rename)
+        with pytest.raises(Killed):
+            save_state({"w": torch.ones(4)}, path, "reinforce")
+        monkeypatch.setattr(morca_env.io.os, "replace", real_replace)
+        weights = load_state(path).state["w"]  # the old checkpoint or the new one, never "damaged"
+        assert torch.equal(weights, torch.zeros(4)) or torch.equal(weights, torch.ones(4)), stop
+
+
+OVERWRITER = """
+import sys, torch
+from agents.checkpoint import save_state
+path, i = sys.argv[1], 0
+print("ready", flush=True)
+while True:
+    i += 1
+    save_state({"w": torch.full((2048,), float(i % 2))}, path, "reinforce")
+"""
+
+
+@pytest.mark.slow
+def test_twenty_kill_9s_during_overwrites_leave_a_loadable_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "final.safetensors"
+    save_state({"w": torch.zeros(2048)}, path, "reinforce")
+    rng = np.random.default_rng(0)
+    for kill in range(20):
+        child = subprocess.Popen([sys.executable, "-c", OVERWRITER, str(path)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(float(rng.uniform(0.05, 0.4)))  # somewhere inside one of many overwrites
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert load_state(path).state["w"].unique().numel() == 1, kill  # the old one or the new one, whole

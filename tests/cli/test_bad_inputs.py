@@ -347,3 +347,16 @@ def test_round2_item8_a_second_search_into_one_output_is_refused_naming_the_hold
         with pytest.raises(RuntimeError, match=f"schedule search {tmp_path} is being written by another process "
                                                f"\\(pid {os.getpid()}"):
             search_many([SearchTask("t", [("a", 0)], 2)], "MorcaTinyRandom-v0", {}, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("marker", ["final.safetensors", "latest.json"])
+def test_train_refuses_a_run_dir_holding_a_run_unless_resumed(tmp_path, marker):
+    """`morca train` into an existing run used to replace its checkpoints and final.safetensors silently."""
+    from agents.commands import train
+
+    run_dir = tmp_path / "offline"
+    run_dir.mkdir()
+    (run_dir / marker).write_text("the old run")
+    with pytest.raises(SystemExit, match="already holds a run; pass --resume"):
+        train.main(["--dataset", "morca/none/none-v0", "--run-dir", str(run_dir)])
+    assert (run_dir / marker).read_text() == "the old run"
