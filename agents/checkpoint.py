@@ -73,6 +73,9 @@ def verify(path: str | Path) -> Path:
     if path.is_dir():
         raise IsADirectoryError(f"checkpoint {path} is a directory, not a checkpoint file: give a file in it, e.g. "
                                 f"{path / 'final.safetensors'}")
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is not a regular file (a FIFO, socket or device): give a "
+                              "checkpoint file (.safetensors)")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     side = checksum_path(path)

@@ -202,6 +202,8 @@ def header_scheduler(path) -> str | None:
     """The scheduler a safetensors checkpoint's header names (agents.checkpoint writes it), if it can be read."""
     from safetensors import safe_open
 
+    if not Path(path).is_file():  # a FIFO or device would block the read: the load names the problem
+        return None
     try:
         with safe_open(str(path), framework="pt") as f:
             return (f.metadata() or {}).get("scheduler")

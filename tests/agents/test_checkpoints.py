@@ -311,3 +311,18 @@ def test_twenty_kill_9s_during_overwrites_leave_a_loadable_checkpoint(tmp_path):
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert load_state(path).state["w"].unique().numel() == 1, kill  # the old one or the new one, whole
+
+
+def test_a_fifo_given_as_a_checkpoint_is_refused_without_blocking(tmp_path):
+    """Reading a FIFO's header blocked forever (`morca evaluate --methods m=f.safetensors`)."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "f.safetensors"
+    os.mkfifo(fifo)
+    code = ("from morca_env import schedulers\n"
+            f"spec = schedulers.parse_method('m', {str(fifo)!r})\n"
+            "schedulers.from_spec(spec)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "is not a regular file" in out.stderr, out.stderr[-800:]
