@@ -282,15 +282,36 @@ def load_learnable(path: str | Path, device: Any = None, trusted: bool = False):
     checkpoint = _read_verified(Path(path))
     if checkpoint.scheduler != "morca":
         raise CheckpointError(f"checkpoint {path} holds a {checkpoint.scheduler!r} scheduler, not a d3rlpy "
-                              f"algorithm: load it with morca_env.policies.make({checkpoint.scheduler!r}, path=...)")
+                              f"algorithm: load it with morca_env.schedulers.make({checkpoint.scheduler!r}, path=...)")
     try:
         algo = LearnableConfigWithShape.deserialize(json.dumps(checkpoint.config)).create(device)
         for name, module in _modules(algo).items():
             if name in checkpoint.state or not _is_optimizer(name):  # a shipped scheduler holds no optimizer state
+                if not _is_optimizer(name):
+                    check_weights(module, checkpoint.state[name], path, name)
                 module.load_state_dict(checkpoint.state[name])
+    except CheckpointError:
+        raise
     except Exception as error:
         raise CheckpointError(f"checkpoint {path} could not be rebuilt: {type(error).__name__}: {error}") from error
     return algo
+
+
+def check_weights(module: torch.nn.Module, state: dict, path, name: str = "network") -> None:
+    """Refuse, by name, weights that `load_state_dict` would take silently and then play wrongly: another dtype
+    than the module's (it casts) and NaN or Inf values (the logits turn NaN and the scheduler always recomputes)."""
+    own = module.state_dict()
+    for key, value in (state.items() if isinstance(state, dict) else ()):
+        if key not in own or not isinstance(value, torch.Tensor):
+            continue  # missing or unexpected keys: load_state_dict names them
+        if value.dtype != own[key].dtype:
+            raise CheckpointError(f"checkpoint {path}: {name}.{key} is {value.dtype}, and this network holds "
+                                  f"{own[key].dtype}; a cast would change what it plays: save it again in "
+                                  f"{own[key].dtype}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise CheckpointError(f"checkpoint {path}: {name}.{key} holds {bad} NaN or Inf value(s) of "
+                                  f"{value.numel()}; the run that wrote it diverged: use an earlier checkpoint")
 
 
 def _is_optimizer(name: str) -> bool:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from morca_env.io import atomic_write_text
 
-from .checkpoint import load_torch_state, save_state
+from .checkpoint import check_weights, load_torch_state, save_state
 
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
@@ -70,6 +70,7 @@ class ReinforcePolicy:
         """A safe checkpoint (`.safetensors`), or a legacy `.pt` (its weights only, unless `trusted=True`)."""
         state = load_torch_state(path, trusted)
         network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
+        check_weights(network, state["network"], path)
         network.load_state_dict(state["network"])
         return cls(network.eval(), deterministic)
 

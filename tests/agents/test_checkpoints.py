@@ -326,3 +326,29 @@ def test_a_fifo_given_as_a_checkpoint_is_refused_without_blocking(tmp_path):
             "schedulers.from_spec(spec)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "is not a regular file" in out.stderr, out.stderr[-800:]
+
+
+@pytest.mark.parametrize("damage", ["nan", "inf", "float16", "int8"])
+def test_non_finite_or_recast_weights_with_a_valid_digest_are_refused_by_name(iql_checkpoint, tmp_path, damage):
+    """A diverged run's NaN weights loaded and played "always recompute"; other dtypes were cast silently."""
+    saved = load_state(iql_checkpoint)
+    module = next(n for n in saved.state if not n.endswith("optim"))
+    key = next(k for k, v in saved.state[module].items() if v.is_floating_point() and v.numel() > 1)
+    value = saved.state[module][key].clone()
+    if damage in ("nan", "inf"):
+        value.view(-1)[1] = float(damage)
+    else:
+        value = value.to(getattr(torch, damage))
+    saved.state[module][key] = value
+    path = save_state(saved.state, tmp_path / "bad.safetensors", "morca", saved.config, saved.training)
+    expected = "NaN or Inf" if damage in ("nan", "inf") else f"is torch.{damage}"
+    with pytest.raises(CheckpointError, match=f"{module}.{key}.*{expected}"):
+        load_learnable(path)
+    network = MorcaNetwork(3, "policy", "p3,mean,var")
+    state = network.state_dict()
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
+    state[name] = value.new_zeros(state[name].shape) + (float(damage) if damage in ("nan", "inf") else 0)
+    path = save_state({"network": state, "channels": 3, "config": {"features": "p3,mean,var"}},
+                      tmp_path / "reinforce.safetensors", "reinforce")
+    with pytest.raises(CheckpointError, match=f"network.{name}.*{expected}"):
+        ReinforcePolicy.load(path)
