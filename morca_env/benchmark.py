@@ -28,7 +28,7 @@ from scipy import stats
 
 from . import schedulers
 from .io import atomic_write_text
-from .observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape
+from .observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape, parse_action
 from .prompts import get_suite
 
 REFERENCES_FILE = "benchmark_references.json"
@@ -92,7 +92,11 @@ class CallablePolicy:
         pass
 
     def __call__(self, obs) -> int:
-        return int(np.asarray(self.fn(obs)).reshape(-1)[0])
+        action = self.fn(obs)
+        try:
+            return parse_action(action)  # strict: 0.9 or "1" is the policy's bug, never a silent recompute
+        except ValueError as error:
+            raise ValueError(f"policy {self.name!r} returned {action!r} ({type(action).__name__}): {error}") from None
 
 
 def _sb3(model) -> CallablePolicy:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .observation import parse_action
+
 
 @dataclass
 class Trajectory:
@@ -109,7 +111,7 @@ def rollout_batch(envs, policies: list, seed: int | list[int] | None = None, opt
         chosen = []
         for n, policy in enumerate(policies):
             t0 = time.perf_counter()
-            chosen.append(policy(_row(obs, n)))
+            chosen.append(parse_action(policy(_row(obs, n))))  # the int64 batch would truncate 0.9 to 0
             policy_time[n] += time.perf_counter() - t0
         obs, reward, terminated, truncated, infos = envs.step(np.asarray(chosen, dtype=np.int64))
         if truncated.any():
