@@ -17,6 +17,7 @@ while t >= boundary_ratio * num_train_timesteps, then the low-noise expert with
 from __future__ import annotations
 
 import copy
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ class StepwiseDenoiser:
     def __init__(self, pipe, config: DenoiserConfig | None = None, device: str | torch.device | None = None):
         self.pipe = pipe
         self.config = config or DenoiserConfig()
+        top = int(getattr(pipe.scheduler.config, "num_train_timesteps", 1000))
+        if self.config.num_inference_steps > top:  # before anything is attached or allocated
+            raise ValueError(f"num_inference_steps={self.config.num_inference_steps} exceeds the {top} timesteps "
+                             f"of this model's scheduler; valid: 2 to {top} (Wan uses 50)")
         self.device = torch.device(device) if device is not None else pipe._execution_device
         self.experts = wan_structure.experts(pipe)
         self.caches = [ResidualCache.attach(m, owner=self) for m in self.experts]
@@ -388,3 +393,50 @@ def warn_if_truncated(pipe, prompt, max_length: int) -> None:
         _truncation_warned.add((prompt, max_length))
         warnings.warn(f"prompt {prompt[:60]!r}... has {count} tokens and this model reads the first {max_length}: "
                       "prompts that differ only after that give the same video", stacklevel=3)
+
+
+def batch_memory_bytes(denoiser, batch: int) -> int:
+    """An estimate of the device memory a batched step of `batch` videos holds at its peak: per video, one block's
+    activations (hidden states, q, k, v, attention output and the feed-forward's hidden layer), the residual of
+    each CFG branch of each expert (float32), the patch embedding memo and the latents."""
+    model = denoiser.experts[0]
+    config = model.config
+    pipe = denoiser.pipe
+    latent_frames = (denoiser.config.num_frames - 1) // getattr(pipe, "vae_scale_factor_temporal", 1) + 1
+    spatial = getattr(pipe, "vae_scale_factor_spatial", 1)
+    patch_t, patch_h, patch_w = config.patch_size
+    tokens = (latent_frames // patch_t) * (denoiser.config.height // spatial // patch_h) * \
+        (denoiser.config.width // spatial // patch_w)
+    dim = config.num_attention_heads * config.attention_head_dim
+    element = torch.finfo(denoiser.transformer_dtype).bits // 8
+    activations = tokens * (6 * dim + config.ffn_dim) * element * 2  # both CFG branches' calls may overlap
+    residuals = len(denoiser.branches) * len(denoiser.experts) * tokens * dim * 4
+    latents = config.in_channels * latent_frames * (denoiser.config.height // spatial) * \
+        (denoiser.config.width // spatial) * 4 * 4  # latents, model input, velocity, scheduler history
+    return batch * (activations + residuals + tokens * dim * element + latents)
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of `device`: CUDA's own count, else the machine's available RAM (Linux), else unknown (-1)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return -1
+
+
+def check_batch_memory(denoiser, batch: int) -> None:
+    """Refuse a batch (or one video: `batch=1`) whose step would not fit the device's free memory, naming both and
+    what fits, before anything that size is allocated."""
+    need = batch_memory_bytes(denoiser, batch)
+    free = free_memory_bytes(denoiser.device)
+    if 0 <= free < need and batch == 1:
+        c = denoiser.config
+        raise ValueError(f"height={c.height}, width={c.width}, num_frames={c.num_frames}: one denoising step needs "
+                         f"about {need / 2**30:.2f} GiB on {denoiser.device} and {free / 2**30:.2f} GiB are free; "
+                         "valid here: a smaller video (memory grows with height x width x num_frames)")
+    if 0 <= free < need:
+        per_video = max(1, need // batch)
+        raise ValueError(f"num_envs={batch}: a batched step needs about {need / 2**30:.2f} GiB on {denoiser.device} "
+                         f"and {free / 2**30:.2f} GiB are free; valid here: num_envs <= {max(free // per_video, 0)}")

@@ -18,7 +18,7 @@ import torch
 from gymnasium import spaces
 
 from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
-from .denoiser import DenoiserConfig, StepwiseDenoiser
+from .denoiser import DenoiserConfig, StepwiseDenoiser, check_batch_memory
 from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
 from .calibration_files import load_calibration
 from .models.presets import ModelPreset, get_preset
@@ -284,6 +284,7 @@ class MorcaEnv(gym.Env):
                              f"(steps {sorted(self.budget_spec.forced)} always recompute); valid: "
                              f">= {len(self.budget_spec.forced) + 1}")
         self._check_video_shape()
+        check_batch_memory(self.denoiser, 1)  # one video: a huge height or width is refused before it allocates
         if isinstance(calibration, os.PathLike):
             calibration = str(calibration)
         if isinstance(calibration, str):  # a registered model name or a calibration file

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Sequence
 
@@ -12,6 +11,7 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector.utils import batch_space
 
+from .denoiser import check_batch_memory
 from .env import MorcaEnv, episode_info
 from .metrics import to_uint8
 from .observation import BatchObservationBuilder
@@ -115,13 +115,13 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
         env = self.env
         self.metadata = {**type(self).metadata, "autoreset_mode": (AutoresetMode[self.autoreset_mode.upper()]
                                                                    if AutoresetMode else self.autoreset_mode)}
+        self.denoiser = env.side_run()
+        check_batch_memory(self.denoiser, self.num_envs)  # before the batched spaces, which grow with num_envs too
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
         self.observation_space = batch_space(env.observation_space, self.num_envs)
         self.action_space = batch_space(env.action_space, self.num_envs)
         self.num_steps, self.budget_spec = env.num_steps, env.budget_spec
-        self.denoiser = env.side_run()
-        check_batch_memory(self.denoiser, self.num_envs)
         self.observer = BatchObservationBuilder(env.budget_spec, env.signal_kind, latent_features=env.latent_features,
                                                 feature_dtype=env.feature_dtype)
         self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
@@ -314,47 +314,6 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
         self.closed = True
         self.denoiser.close()
         self.env.close()
-
-
-def batch_memory_bytes(denoiser, batch: int) -> int:
-    """An estimate of the device memory a batched step of `batch` videos holds at its peak: per video, one block's
-    activations (hidden states, q, k, v, attention output and the feed-forward's hidden layer), the residual of
-    each CFG branch of each expert (float32), the patch embedding memo and the latents."""
-    model = denoiser.experts[0]
-    config = model.config
-    pipe = denoiser.pipe
-    latent_frames = (denoiser.config.num_frames - 1) // getattr(pipe, "vae_scale_factor_temporal", 1) + 1
-    spatial = getattr(pipe, "vae_scale_factor_spatial", 1)
-    patch_t, patch_h, patch_w = config.patch_size
-    tokens = (latent_frames // patch_t) * (denoiser.config.height // spatial // patch_h) * \
-        (denoiser.config.width // spatial // patch_w)
-    dim = config.num_attention_heads * config.attention_head_dim
-    element = torch.finfo(denoiser.transformer_dtype).bits // 8
-    activations = tokens * (6 * dim + config.ffn_dim) * element * 2  # both CFG branches' calls may overlap
-    residuals = len(denoiser.branches) * len(denoiser.experts) * tokens * dim * 4
-    latents = config.in_channels * latent_frames * (denoiser.config.height // spatial) * \
-        (denoiser.config.width // spatial) * 4 * 4  # latents, model input, velocity, scheduler history
-    return batch * (activations + residuals + tokens * dim * element + latents)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Free memory of `device`: CUDA's own count, else the machine's available RAM (Linux), else unknown (-1)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return -1
-
-
-def check_batch_memory(denoiser, batch: int) -> None:
-    """Refuse a batch whose step would not fit the device's free memory, naming both and the largest that fits."""
-    need = batch_memory_bytes(denoiser, batch)
-    free = free_memory_bytes(denoiser.device)
-    if 0 <= free < need:
-        per_video = max(1, need // batch)
-        raise ValueError(f"num_envs={batch}: a batched step needs about {need / 2**30:.2f} GiB on {denoiser.device} "
-                         f"and {free / 2**30:.2f} GiB are free; valid here: num_envs <= {max(free // per_video, 0)}")
 
 
 def final_observation(infos: dict, n: int) -> dict:

@@ -340,3 +340,14 @@ def test_the_steps_patch_embedding_computed_by_the_signal_counts_as_model_time(t
     steps = env.num_steps
     assert infos[-1]["overhead_s"] < 0.02 * steps / 2  # one slow convolution per step, none in the overhead
     assert infos[-1]["latency_s"] >= 0.02 * steps
+
+
+def test_resource_limits_are_checked_before_anything_is_allocated(tmp_path):
+    """num_inference_steps=10**6 ran for hours; height=width=10**6 tried to allocate 96 TB."""
+    import gymnasium as gym
+
+    with pytest.raises(ValueError, match=r"num_inference_steps=1000000 exceeds the 1000 timesteps .* valid: 2 to 1000"):
+        gym.make("MorcaTinyRandom-v0", num_inference_steps=10**6, reference_cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"height=1000000, width=1000000, num_frames=\d+: one denoising step needs "
+                                         r"about .* GiB on cpu"):
+        gym.make("MorcaTinyRandom-v0", height=10**6, width=10**6, reference_cache_dir=str(tmp_path))

@@ -239,12 +239,12 @@ def test_bad_actions_and_steps_out_of_order_are_named(tmp_path):
 
 
 def test_a_batch_beyond_the_free_memory_is_refused_naming_both(tmp_path, monkeypatch):
-    import morca_env.vector as vector
+    import morca_env.denoiser as denoiser
 
-    monkeypatch.setattr(vector, "free_memory_bytes", lambda device: 3 * 2**20)
     probe = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
-    per_video = vector.batch_memory_bytes(probe.denoiser, 1)
+    per_video = denoiser.batch_memory_bytes(probe.denoiser, 1)
     probe.close()
+    monkeypatch.setattr(denoiser, "free_memory_bytes", lambda device: 3 * 2**20)
     fits = 3 * 2**20 // per_video
     assert 1 <= fits < 4096
     with pytest.raises(ValueError, match=rf"num_envs=4096: a batched step needs about .* GiB on cpu and 0.00 GiB are "
@@ -253,7 +253,7 @@ def test_a_batch_beyond_the_free_memory_is_refused_naming_both(tmp_path, monkeyp
 
 
 def test_batch_memory_estimate_grows_with_the_batch_and_the_video(tmp_path):
-    from morca_env.vector import batch_memory_bytes
+    from morca_env.denoiser import batch_memory_bytes
 
     envs = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
     one, eight = batch_memory_bytes(envs.denoiser, 1), batch_memory_bytes(envs.denoiser, 8)
@@ -345,3 +345,15 @@ def test_the_default_batch_is_8_for_morca_tiny_and_1_for_wan():
 
     assert DEFAULT_NUM_ENVS == 8 and default_num_envs("MorcaTiny-v0", {}) == 8
     assert default_num_envs("MorcaWan21-v0", {}) == default_num_envs("MorcaWan22-v0", {}) == 1
+
+
+def test_a_huge_batch_is_refused_before_its_spaces_are_allocated(tmp_path, monkeypatch):
+    """make_vec(num_envs=10**6) built 8.6 GiB of batched spaces before the memory guard ran."""
+    import morca_env.vector as vector
+
+    def no_batch_space(*args):
+        raise AssertionError("batched spaces allocated before the memory check")
+
+    monkeypatch.setattr(vector, "batch_space", no_batch_space)
+    with pytest.raises(ValueError, match=r"num_envs=1000000: a batched step needs about"):
+        MorcaVectorEnv(10**6, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
