@@ -153,44 +153,95 @@ def run_job(job: dict, args) -> dict:
                        for t, s in result.scores.items()}}
 
 
+# the settings a run's scores depend on: a rerun into the same --out with others would mix two protocols
+FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step")
+
+
+def finished_run(path: Path) -> dict | None:
+    """A run file's record when it is whole and every score finite; else None (named on stderr), so it reruns."""
+    import math
+
+    try:
+        record = json.loads(path.read_text())
+        values = [v for s in record["scores"].values() for v in (s["normalized"], s["psnr"])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        print(f"run file {path} is damaged ({type(error).__name__}: {error}); it will run again", file=sys.stderr)
+        return None
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        print(f"run file {path} holds a non-finite score; it will run again", file=sys.stderr)
+        return None
+    return record
+
+
+def check_fingerprint(out: Path, args) -> None:
+    """Refuse a rerun into `out` whose settings differ from the ones its runs were made with."""
+    from morca_env.io import atomic_write_text
+
+    path = out / "settings.json"
+    mine = {k: getattr(args, k) for k in FINGERPRINT}
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        changed = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        if changed:
+            raise SystemExit(f"{out} holds runs made with other settings ("
+                             + ", ".join(f"--{k.replace('_', '-')} {a} -> {b}" for k, (a, b) in changed.items())
+                             + "): use another --out, or the same settings to continue them")
+    else:
+        atomic_write_text(path, json.dumps(mine, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
+    from morca_env.cli import positive_int
+
     p = argparse.ArgumentParser(prog="morca leaderboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/leaderboard")
     p.add_argument("--only", nargs="+", choices=("rules", "offline", "online"), default=["rules", "offline", "online"])
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["mixture", "random"])
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--episodes", type=int, default=400, help="dataset episodes the offline algorithms train on")
-    p.add_argument("--updates", type=int, default=1000, help="gradient updates of every offline algorithm")
-    p.add_argument("--online-episodes", type=int, default=48, help="env episodes of every online algorithm")
-    p.add_argument("--pair-step", type=int, default=2, help="score every n-th pair of the suite")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seeds", type=positive_int, default=5)
+    p.add_argument("--episodes", type=positive_int, default=400, help="dataset episodes the offline algorithms train on")
+    p.add_argument("--updates", type=positive_int, default=1000, help="gradient updates of every offline algorithm")
+    p.add_argument("--online-episodes", type=positive_int, default=48, help="env episodes of every online algorithm")
+    p.add_argument("--pair-step", type=positive_int, default=2, help="score every n-th pair of the suite")
+    p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
     p.add_argument("--page", default="docs/results/leaderboard_tiny.md")
     args = p.parse_args(argv)
     args.command = " ".join(["morca leaderboard", *(sys.argv[1:] if argv is None else argv)])
-    runs = Path(args.out) / "runs"
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file; give a directory")
+    runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs(args) if not (runs / f"{run_name(j)}.json").exists()]
-    command_file = Path(args.out) / "command.txt"  # the command that made the runs, for the page
-    if not args.report:
-        command_file.write_text(args.command)
-    args.run_command = command_file.read_text().strip() if command_file.exists() else None
-    if not args.report and todo:
-        from tqdm import tqdm
+    from morca_env.io import atomic_write_text, exclusive_lock
 
-        from morca_env.io import atomic_write_text
+    failed = []
+    with exclusive_lock(out / ".lock", f"leaderboard {out}"):  # one writer: two would run every job twice
+        if not args.report:
+            check_fingerprint(out, args)
+        todo = [j for j in jobs(args) if finished_run(runs / f"{run_name(j)}.json") is None]
+        command_file = out / "command.txt"  # the command that made the runs, for the page
+        if not args.report:
+            atomic_write_text(command_file, args.command)
+        args.run_command = command_file.read_text().strip() if command_file.exists() else None
+        if not args.report and todo:
+            from tqdm import tqdm
 
-        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(run_job, j, args): j for j in todo}
-            for future in tqdm(as_completed(futures), total=len(futures), desc="leaderboard runs"):
-                job = futures[future]
-                try:
-                    atomic_write_text(runs / f"{run_name(job)}.json", json.dumps(future.result(), indent=1))
-                except Exception as error:  # one failed run does not stop the others; rerun to retry it
-                    print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)
-    from .leaderboard_report import write_page
+            with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(run_job, j, args): j for j in todo}
+                for future in tqdm(as_completed(futures), total=len(futures), desc="leaderboard runs"):
+                    job = futures[future]
+                    try:
+                        atomic_write_text(runs / f"{run_name(job)}.json", json.dumps(future.result(), indent=1))
+                    except Exception as error:  # one failed run does not stop the others; rerun to retry it
+                        failed.append(run_name(job))
+                        print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)
+        from .leaderboard_report import write_page
 
-    write_page([json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))], args, Path(args.page), jobs(args))
+        done = [r for r in (finished_run(f) for f in sorted(runs.glob("*.json"))) if r is not None]
+        write_page(done, args, Path(args.page), jobs(args))
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them", file=sys.stderr)
+        return 1
     return 0
 
 

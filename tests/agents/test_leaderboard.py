@@ -54,3 +54,38 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert leaderboard.main(argv) == 0  # nothing left to run: the same files, the page rewritten
     assert [f.stat().st_mtime_ns for f in files] == stamps
     assert "morca leaderboard --only rules" in page.read_text()
+
+
+def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
+    out = tmp_path / "lb"
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps({"episodes": 400, "updates": 1000, "online_episodes": 48,
+                                                   "pair_step": 40}))
+    with pytest.raises(SystemExit, match=r"other settings \(--pair-step 40 -> 20\)"):
+        leaderboard.main(["--only", "rules", "--pair-step", "20", "--out", str(out), "--page", str(tmp_path / "p.md")])
+    assert not list((out / "runs").glob("*.json"))
+
+
+def test_a_second_writer_of_one_out_is_refused(tmp_path):
+    from morca_env.io import exclusive_lock
+
+    out = tmp_path / "lb"
+    with exclusive_lock(out / ".lock", "the first leaderboard"):
+        with pytest.raises(RuntimeError, match="being written by another process"):
+            leaderboard.main(["--only", "rules", "--out", str(out), "--page", str(tmp_path / "p.md")])
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"scores": {"2": {"normalized": float("nan"), "psnr": 30}}}),
+                                     json.dumps({"scores": []}), json.dumps([1, 2])])
+def test_a_damaged_or_non_finite_run_file_is_named_and_not_counted_as_done(tmp_path, capsys, content):
+    path = tmp_path / "run.json"
+    path.write_text(content)
+    assert leaderboard.finished_run(path) is None
+    assert str(path) in capsys.readouterr().err
+
+
+def test_failed_runs_give_a_non_zero_exit(tmp_path, monkeypatch):
+    monkeypatch.setattr(leaderboard, "RULES", {"a rule that does not exist": "no-such-rule"})
+    code = leaderboard.main(["--only", "rules", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "lb"),
+                             "--page", str(tmp_path / "p.md")])
+    assert code == 1
