@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--weights", type=Path, help="weights directory (default: the packaged ones)")
     p.add_argument("--out", type=Path, default=Path("docs/morca_scenes"))
     p.add_argument("--following-only", action="store_true", help="only prompt following (and the samples)")
+    p.add_argument("--schedules-only", action="store_true",
+                   help="only the schedule spread, merged into --out's metrics.json")
     args = p.parse_args(argv)
     for name, value, top in (("--prompts", args.prompts, size), ("--schedule-prompts", args.schedule_prompts, size)):
         if not 1 <= value <= top:
@@ -120,17 +122,22 @@ def main(argv=None) -> int:
     pipe = scenes.load_morca_scenes(directory=args.weights)
     den = StepwiseDenoiser(pipe, DenoiserConfig(**scenes.MODEL.generation))
     pairs = get_suite("scenes-eval").pairs()
-    samples = [pair for pair, _ in spread_pairs(pairs, 12)]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_video(sample_grid([den.generate(prompt=p_, seed=s) for p_, s in samples]), args.out / "samples.gif", fps=4)
-    atomic_write_text(args.out / "samples.txt", "".join(f"{i + 1}. {p_}\n" for i, (p_, _) in enumerate(samples)))
-    report = {"prompt_following": following(den, spread_pairs(pairs, args.prompts))}
-    print(json.dumps({k: v for k, v in report["prompt_following"].items() if k != "per_class"}, indent=1))
+    metrics = args.out / "metrics.json"
+    if args.schedules_only:
+        report = json.loads(metrics.read_text()) if metrics.is_file() else {}
+    else:
+        samples = [pair for pair, _ in spread_pairs(pairs, 12)]
+        write_video(sample_grid([den.generate(prompt=p_, seed=s) for p_, s in samples]), args.out / "samples.gif",
+                    fps=4)
+        atomic_write_text(args.out / "samples.txt", "".join(f"{i + 1}. {p_}\n" for i, (p_, _) in enumerate(samples)))
+        report = {"prompt_following": following(den, spread_pairs(pairs, args.prompts))}
+        print(json.dumps({k: v for k, v in report["prompt_following"].items() if k != "per_class"}, indent=1))
     if not args.following_only:
         report["schedules"] = schedule_spread(spread_pairs(pairs, args.schedule_prompts), args.schedules,
                                               args.budget, args.weights)
         print(json.dumps(report["schedules"], indent=1))
-    atomic_write_text(args.out / "metrics.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(metrics, json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -48,10 +48,10 @@ def test_benchmark_scores_against_the_shipped_references(tmp_path, monkeypatch):
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path))
     from morca_env import benchmark
 
-    result = benchmark.evaluate("uniform", "MorcaScenes-v0", targets=[3.0], pair_step=10, progress=False)
-    assert result.prompts and all(parse_prompt(p) for p in result.prompts)
-    normalized = result.score["normalized"] if isinstance(result.score, dict) else result.score
-    assert np.all(np.isfinite(np.asarray(normalized, float)))
+    result = benchmark.evaluate(UniformInterval(), "MorcaScenes-v0", targets=[3.0], pair_step=10, progress=False)
+    assert result.suite == "scenes-eval[::6]" and all(parse_prompt(row["prompt"]) for row in result.rows)
+    score = result.scores[3.0]
+    assert np.isfinite(score.normalized) and np.isfinite(score.vs_best_fixed)  # paired with the shipped references
 
 
 def test_accelerate_reads_the_scenes_calibration_from_the_pipeline(calibration):
