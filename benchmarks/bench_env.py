@@ -52,7 +52,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     kwargs = {"lpips": False, **json.loads(args.env_kwargs)}
-    env = gym.make(args.env, budget=0, prompts="tiny-eval" if "Tiny" in args.env else "vbench-eval", **kwargs).unwrapped
+    from morca_env.models.presets import preset_for_env
+
+    env = gym.make(args.env, budget=0, prompts=preset_for_env(args.env).eval_suite, **kwargs).unwrapped
     if args.calibrate:
         measured = measure_calibration(env, repeats=args.calibrate, threads=args.threads,
                                        timing_repeats=args.timing_repeats)
