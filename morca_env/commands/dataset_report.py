@@ -19,7 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import minari  # noqa: E402
 import numpy as np  # noqa: E402
 
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
+
 from morca_env.data import episode_options  # noqa: E402
+from morca_env.io import atomic_path  # noqa: E402
 
 
 def directory_size(path: Path) -> int:
@@ -62,9 +65,17 @@ def plot(dataset_id: str, stats: dict, path: Path) -> None:
     axes[1].set_ylabel("terminal PSNR (dB)")
     fig.suptitle(dataset_id, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip("."))
     plt.close(fig)
+
+
+def plot_path(dataset_id: str, asked: Path) -> Path:
+    """Where --plot writes: into a directory as `<dataset>_k.png`; a name without a suffix gets `.png` (matplotlib
+    would add it anyway, and the path printed must be the one written)."""
+    if asked.is_dir():
+        return asked / f"{dataset_id.replace('/', '_')}_k.png"
+    return asked if asked.suffix else asked.with_suffix(".png")
 
 
 def main(argv=None) -> int:
@@ -72,9 +83,15 @@ def main(argv=None) -> int:
     p.add_argument("dataset_id")
     p.add_argument("--plot", type=Path, help="write the K histogram and K-vs-PSNR scatter here")
     args = p.parse_args(argv)
+    if args.plot is not None:
+        args.plot = plot_path(args.dataset_id, args.plot)
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if args.plot.suffix.lstrip(".").lower() not in formats:
+            p.error(f"--plot {args.plot}: {args.plot.suffix!r} is not an image format; valid: "
+                    f"{', '.join(sorted(formats))}")
     text, stats = summarise(args.dataset_id)
     print(text)
-    if args.plot:
+    if args.plot is not None:
         plot(args.dataset_id, stats, args.plot)
         print(f"plot: {args.plot}")
     return 0

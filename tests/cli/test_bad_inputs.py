@@ -218,6 +218,7 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["quickstart", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),  # round 2, item 9
     (["quickstart", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
     (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
+    (["dataset-report", "morca/tiny/x-v0", "--plot", "k.txt"], "--plot k.txt: '.txt' is not an image format; valid:"),
     (["leaderboard", "--pair-step", "0"], "argument --pair-step: '0' is not a positive integer"),
     (["leaderboard", "--seeds", "-1"], "argument --seeds: '-1' is not a positive integer"),
     (["leaderboard", "--workers", "0"], "argument --workers: '0' is not a positive integer"),

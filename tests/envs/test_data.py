@@ -106,11 +106,19 @@ def test_recover_environment_in_a_fresh_process(roots):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["MorcaTinyRandom-v0", "True", "True"]  # both hold agents to their budget
 
-    report = subprocess.run([sys.executable, str(ROOT / "scripts" / "dataset_report.py"), "test/tiny/recover-v0",
+    report = subprocess.run([sys.executable, "-m", "morca_env.commands", "dataset-report", "test/tiny/recover-v0",
                              "--plot", str(roots / "k.png")], capture_output=True, text=True, env={**os.environ},
                             timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "2 episodes, 20 steps" in report.stdout and (roots / "k.png").stat().st_size > 1000
+    # a directory gets a file named after the dataset, and the path printed is the one written
+    (roots / "plots").mkdir()
+    report = subprocess.run([sys.executable, "-m", "morca_env.commands", "dataset-report", "test/tiny/recover-v0",
+                             "--plot", str(roots / "plots")], capture_output=True, text=True, env={**os.environ},
+                            timeout=300)
+    written = roots / "plots" / "test_tiny_recover-v0_k.png"
+    assert report.returncode == 0 and f"plot: {written}" in report.stdout, report.stderr[-2000:]
+    assert written.stat().st_size > 1000 and not (roots / "plots.png").exists()
 
 
 def test_finished_dataset_is_not_overwritten(roots):
