@@ -60,6 +60,15 @@ def nonnegative_int(text: str) -> int:
     return _integer_at_least(text, 0, "non-negative integer")
 
 
+def env_id(text: str) -> str:
+    """A registered MORCA env id (gymnasium's own error suggests unrelated envs, e.g. 'Hopper')."""
+    from .registration import ENV_IDS
+
+    if text not in ENV_IDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a MORCA env; valid: {', '.join(ENV_IDS)}")
+    return text
+
+
 def json_dict(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -85,7 +94,7 @@ def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.A
     """A parser holding what every headroom experiment takes (the env and its kwargs, the parallel workers,
     their torch threads, the output folder); the script adds its own arguments."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default=env)
+    p.add_argument("--env", type=env_id, default=env)
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="extra gym.make keyword arguments, as JSON")
     p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -98,7 +107,7 @@ def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny
     """--env, --env-kwargs, --prompts and --num-envs of a trainer that plays episodes (see `make_training_env`)."""
     from .workers import DEFAULT_NUM_ENVS
 
-    p.add_argument("--env", default=env)
+    p.add_argument("--env", type=env_id, default=env)
     p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes played as one batch (a MorcaVectorEnv; 1: the single env); default "
                         f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")

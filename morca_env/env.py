@@ -422,6 +422,7 @@ class MorcaEnv(gym.Env):
         return EpisodeStart(prompt, int(gen_seed), target_speedup, budget)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._check_open("reset()")
         self._episode_active, self._ended = False, False  # until this reset succeeds
         super().reset(seed=seed)
         start = self.plan_episode(self.np_random, options)
@@ -522,6 +523,7 @@ class MorcaEnv(gym.Env):
         return self.observer.used
 
     def step(self, action):
+        self._check_open("step()")
         if not self._episode_active:
             if self._ended:
                 raise RuntimeError(f"step() called after the episode ended ({self.num_steps} of {self.num_steps} "
@@ -585,3 +587,9 @@ class MorcaEnv(gym.Env):
     def close(self):
         if getattr(self, "denoiser", None) is not None:
             self.denoiser.close()
+        self._closed = True
+
+    def _check_open(self, call: str) -> None:
+        if getattr(self, "_closed", False):
+            raise RuntimeError(f"{call} on a closed MorcaEnv (close() released its pipeline hooks); make a new env "
+                               "with gym.make")

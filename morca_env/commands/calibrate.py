@@ -34,12 +34,12 @@ from morca_env.calibrate import measure_calibration
 from morca_env.calibration_files import calibration_file
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
-from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages
+from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0", help="registered env id")
+    p.add_argument("--env", type=env_id, default="MorcaTiny-v0", help="registered env id")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of extra env kwargs")
     p.add_argument("--budgets", type=nonnegative_int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=positive_int, default=6, help="rounds over all budgets")

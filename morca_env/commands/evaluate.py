@@ -49,7 +49,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup
+from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages, speedup
 from morca_env.evaluation.runner import DEFAULT_BASELINES, DEFAULT_METHODS, EvaluationConfig, evaluate
 from morca_env.executors import add_ray_arguments, executor_from_args
 from morca_env.threads import configure_threads
@@ -58,7 +58,7 @@ from morca_env.threads import configure_threads
 def main(argv=None) -> int:
     show_library_messages()
     p = argparse.ArgumentParser(prog="morca evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env", type=env_id, default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={})
     p.add_argument("--suite", help="prompt suite (default: the env's held-out eval suite)")
     p.add_argument("--prompts", type=positive_int, default=200)

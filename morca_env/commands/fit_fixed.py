@@ -35,12 +35,12 @@ from morca_env.calibration_files import calibration_file
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite, is_evaluation_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.cli import json_dict, nonnegative_int, positive_int
+from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="morca fit-fixed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env", type=env_id, default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--budgets", type=nonnegative_int, nargs="+", required=True, help="the K values to fit")
     p.add_argument("--prompts", help="training prompts with fixed seeds (<suite>:<n> or <suite>[start:stop:step]; "
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     if shared:
         p.error(f"--select-on shares {len(shared)} prompts with --prompts (e.g. {shared[0]!r}); use disjoint slices")
     env_kwargs = args.env_kwargs
-    spec = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped.budget_spec
+    spec = gym.make(args.env, **{"lpips": False, "latent_features": False, **env_kwargs}).unwrapped.budget_spec
     for k in args.budgets:
         spec.check_budget(k)
     tasks = [SearchTask(f"fixed_K{k:03d}", pairs, k) for k in args.budgets]
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         from morca_env.schedulers.fixed import StaticSchedule
         from morca_env.search import validated_schedule
 
-        env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs)
+        env = gym.make(args.env, **{"lpips": False, "latent_features": False, **env_kwargs})
         served = StaticSchedule(old["schedules"]) if old.get("schedules") else None
         for k, schedule in tqdm(list(fitted.items()), desc="validation", unit="K"):
             alternatives = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 import gymnasium as gym
 
 import morca_env  # noqa: F401
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import env_id, json_dict, positive_int, show_library_messages
 from morca_env.io import atomic_write_text
 from morca_env.calibration_files import calibration_file
 from morca_env.models.presets import preset_for_env
@@ -38,7 +38,7 @@ RULES = ("magcache", "teacache")
 def main(argv=None) -> int:
     show_library_messages()
     p = argparse.ArgumentParser(prog="morca fit-rules", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env", type=env_id, default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments")
     p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES))
     p.add_argument("--prompts", help="training prompt suite with fixed seeds (<suite>:<n>; default: the model's, "
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         p.error(f"--prompts {args.prompts!r} is an evaluation suite; fit on training prompts")
     configure_threads(args.threads)
     pairs = get_suite(args.prompts).pairs()
-    env = gym.make(args.env, lpips=False, latent_features=False, **args.env_kwargs).unwrapped
+    env = gym.make(args.env, **{"lpips": False, "latent_features": False, **args.env_kwargs}).unwrapped
     model = env.preset.name
     command = "morca fit-rules " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     for rule in args.rules:

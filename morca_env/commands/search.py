@@ -25,7 +25,7 @@ import morca_env  # noqa: F401
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.cli import json_dict, nonnegative_int, positive_int, show_library_messages, speedup
+from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages, speedup
 from morca_env.executors import add_ray_arguments, executor_from_args
 
 
@@ -37,7 +37,7 @@ def task_name(prompt: str, seed: int, budget: int) -> str:
 def main(argv=None) -> int:
     show_library_messages()
     p = argparse.ArgumentParser(prog="morca search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="MorcaTiny-v0")
+    p.add_argument("--env", type=env_id, default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env arguments (e.g. num_inference_steps)")
     p.add_argument("--prompts", help="prompt suite (evaluation suites have fixed seeds; default: the model's "
                                      "evaluation suite, e.g. tiny-eval)")
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                 f"[0, {len(suite) - 1}], count >= 1)")
     pairs = suite.pairs()[args.skip: args.skip + args.count]
     env_kwargs = args.env_kwargs
-    env = gym.make(args.env, lpips=False, latent_features=False, **env_kwargs).unwrapped
+    env = gym.make(args.env, **{"lpips": False, "latent_features": False, **env_kwargs}).unwrapped
     tasks = [SearchTask(task_name(prompt, seed, k), ((prompt, seed),), k)
              for target in args.targets for prompt, seed in pairs
              for k in [env.budget_for_speedup(target, seed)]]

@@ -351,3 +351,14 @@ def test_resource_limits_are_checked_before_anything_is_allocated(tmp_path):
     with pytest.raises(ValueError, match=r"height=1000000, width=1000000, num_frames=\d+: one denoising step needs "
                                          r"about .* GiB on cpu"):
         gym.make("MorcaTinyRandom-v0", height=10**6, width=10**6, reference_cache_dir=str(tmp_path))
+
+
+def test_step_or_reset_after_close_is_a_clear_error(tmp_path):
+    import gymnasium as gym
+
+    env = gym.make("MorcaTinyRandom-v0", num_inference_steps=6, lpips=False, reference_cache_dir=str(tmp_path))
+    env.reset(seed=0)
+    env.close()
+    for call in (lambda: env.step(0), lambda: env.reset(seed=1)):
+        with pytest.raises(RuntimeError, match=r"on a closed MorcaEnv .* make a new env"):
+            call()
