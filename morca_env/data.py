@@ -110,7 +110,12 @@ def check_dataset_id(dataset_id) -> str:
 
 
 def staging_root() -> Path:
-    return cache_root() / "collect"
+    """Where collections stage their episodes: one folder per Minari datasets root, so two roots (two
+    MINARI_DATASETS_PATH values) never share staged episodes of the same dataset id."""
+    import hashlib
+
+    root = str(minari_root())
+    return cache_root() / "collect" / hashlib.sha256(root.encode()).hexdigest()[:12]
 
 
 def minari_root() -> Path:
@@ -354,13 +359,14 @@ def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, 
                               f"({existing.total_episodes} episodes); pass overwrite=True to rebuild it")
     staging = staging_root() / recipe.dataset_id
     identity_file = staging / "recipe_identity.json"
-    identity = json.dumps(recipe.identity(), sort_keys=True)
+    # the staged episodes belong to this recipe at this size: another --episodes is another collection
+    identity = json.dumps({**recipe.identity(), "num_episodes": recipe.num_episodes}, sort_keys=True)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
     if identity_file.exists() and identity_file.read_text() != identity and \
             completed_indices(staging, recipe.num_episodes):
-        raise ValueError(f"staging dir {staging} holds episodes of a different recipe; "
-                         "use resume=False to discard them or another dataset_id")
+        raise ValueError(f"staging dir {staging} holds episodes of a different recipe or episode count; "
+                         "use resume=False (morca collect --no-resume) to discard them or another dataset_id")
     (staging / "episodes").mkdir(parents=True, exist_ok=True)
     for leftover in (staging / "episodes").glob(".*.tmp*"):  # writes interrupted by a crash
         leftover.unlink(missing_ok=True)

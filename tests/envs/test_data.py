@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.data import collect_dataset, episode_options, first_episodes, relabel, to_replay_buffer
+from morca_env.data import collect_dataset, completed_indices, episode_options, first_episodes, relabel, to_replay_buffer
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
@@ -258,3 +259,19 @@ def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, mo
                              env_kwargs={**kwargs, "speedup": [2.0, 3.0]})
     assert ranged.storage.metadata.get("ref_min_score") is None  # a range has no one reference
     assert "reference scores: none" in ranged.storage.metadata["description"]
+
+
+def test_staging_is_per_dataset_root_and_per_episode_count(roots, monkeypatch):
+    """A collection into another MINARI_DATASETS_PATH "finished" in 30 s on episodes another root had staged."""
+    from morca_env.data import staging_root
+
+    first = staging_root()
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(roots / "other-root"))
+    assert staging_root() != first
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(roots / "minari"))
+    collect("test/tiny/size-v0", 2)
+    staged = staging_root() / "test/tiny/size-v0"
+    shutil.rmtree(roots / "minari" / "test" / "tiny" / "size-v0")  # staged episodes left, no built dataset
+    with pytest.raises(ValueError, match="different recipe or episode count"):
+        collect("test/tiny/size-v0", 3)
+    assert completed_indices(staged, 3) == {0, 1}  # nothing discarded by the refusal
