@@ -359,13 +359,14 @@ def _collect_locked(recipe, resume, overwrite, workers, threads, env_overrides, 
                               f"({existing.total_episodes} episodes); pass overwrite=True to rebuild it")
     staging = staging_root() / recipe.dataset_id
     identity_file = staging / "recipe_identity.json"
-    # the staged episodes belong to this recipe at this size: another --episodes is another collection
-    identity = json.dumps({**recipe.identity(), "num_episodes": recipe.num_episodes}, sort_keys=True)
+    # not the episode count: episode i is a function of the recipe and i (seed + i), so a larger collection of
+    # the same recipe rightly continues a smaller one; the staging root already separates dataset roots
+    identity = json.dumps(recipe.identity(), sort_keys=True)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
     if identity_file.exists() and identity_file.read_text() != identity and \
             completed_indices(staging, recipe.num_episodes):
-        raise ValueError(f"staging dir {staging} holds episodes of a different recipe or episode count; "
+        raise ValueError(f"staging dir {staging} holds episodes of a different recipe; "
                          "use resume=False (morca collect --no-resume) to discard them or another dataset_id")
     (staging / "episodes").mkdir(parents=True, exist_ok=True)
     for leftover in (staging / "episodes").glob(".*.tmp*"):  # writes interrupted by a crash

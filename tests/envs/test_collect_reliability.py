@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import morca_env.data as data
-from morca_env.data import collect_dataset, to_replay_buffer
+from morca_env.data import collect_dataset, staging_root, to_replay_buffer
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10, "latent_features": False}
@@ -95,7 +95,7 @@ def test_item15_workers_exit_when_the_collecting_parent_is_killed(roots):
             "behavior='random', workers=2, progress=False)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=roots, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ})
-    staging = roots / "cache" / "collect" / "test/tiny/orphan-v0" / "episodes"
+    staging = staging_root() / "test/tiny/orphan-v0" / "episodes"
     deadline = time.time() + 240
     while time.time() < deadline and len(list(staging.glob("ep_*.npz"))) < 2:
         time.sleep(0.1)
@@ -134,7 +134,7 @@ def test_round2_item2_two_collections_of_one_id_never_mix(roots):
             f"collect_dataset('test/tiny/shared-v0', 'MorcaTinyRandom-v0', 150, env_kwargs={ENV_KWARGS!r}, "
             f"behavior='uniform', progress=False)\n")
     first = subprocess.Popen([sys.executable, "-c", code], env={**os.environ}, stderr=subprocess.PIPE, text=True)
-    staged = roots / "cache" / "collect" / "test" / "tiny" / "shared-v0" / "episodes"
+    staged = staging_root() / "test" / "tiny" / "shared-v0" / "episodes"
     try:
         deadline = time.time() + 120
         while not list(staged.glob("ep_*.npz")) and time.time() < deadline and first.poll() is None:
@@ -214,7 +214,7 @@ def test_round2_item3_a_changed_value_anywhere_in_an_episode_is_caught_naming_fi
 
 def test_round2_item3_a_damaged_staged_episode_is_collected_again(roots, caplog):
     collect("test/tiny/staged-v0", 3, behavior="uniform")
-    staged = roots / "cache" / "collect" / "test" / "tiny" / "staged-v0" / "episodes" / "ep_000001.npz"
+    staged = staging_root() / "test" / "tiny" / "staged-v0" / "episodes" / "ep_000001.npz"
     good = data.read_episode(staged)
     raw = staged.read_bytes()
     staged.write_bytes(raw[: len(raw) // 2])  # a torn file
