@@ -572,8 +572,10 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     Each episode of N steps gives N transitions: observations[0..N-1] with the
     action taken there; the final (terminal) observation is the next observation
     of the last transition, which is `terminated`. `observation="flat"` (the
-    default) concatenates [pooled, temporal, scalars, action_mask] into one vector,
-    which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
+    default) concatenates the parts in gymnasium's sorted-key order, [action_mask,
+    pooled, scalars, temporal] (`observation.FLAT_KEYS`; row t equals
+    `gymnasium.spaces.flatten(env.observation_space, obs_t)`, so `FlattenObservation`
+    feeds a policy trained on it), which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
     n-step returns (`transition_picker`).
     """

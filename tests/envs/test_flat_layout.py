@@ -91,3 +91,13 @@ def test_a_bad_feature_dtype_is_named_with_the_valid_ones():
         gym.make("MorcaTinyRandom-v0", feature_dtype="int8", lpips=False)
     env = gym.make("MorcaTinyRandom-v0", feature_dtype="float16", lpips=False)
     assert env.observation_space["pooled"].dtype == np.float16
+
+
+def test_the_documented_flat_order_is_the_one_used():
+    """to_replay_buffer's docstring gave [pooled, temporal, scalars, action_mask]; the code uses FLAT_KEYS."""
+    import re
+
+    from morca_env.data import to_replay_buffer
+
+    documented = re.search(r"\[(action_mask|pooled)[^\]]*\]", " ".join(to_replay_buffer.__doc__.split())).group(0)
+    assert [k.strip() for k in documented.strip("[]").split(",")] == list(FLAT_KEYS)
