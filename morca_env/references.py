@@ -11,8 +11,10 @@ construction; references are then generated for each episode and not kept.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import tempfile
 import time
 import warnings
@@ -29,6 +31,43 @@ from .paths import cache_root
 
 def default_cache_dir() -> Path:
     return cache_root() / "references"
+
+
+DEFAULT_LIMIT_MB = 8192  # about 80 Wan2.1 references, or a million MorcaTiny ones
+
+
+def cache_limit_bytes() -> int:
+    """The reference cache's size bound: $MORCA_REFERENCE_CACHE_MB (MiB), else `DEFAULT_LIMIT_MB`."""
+    text = os.environ.get("MORCA_REFERENCE_CACHE_MB", str(DEFAULT_LIMIT_MB))
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes > 0:
+        raise ValueError(f"MORCA_REFERENCE_CACHE_MB={text!r} must be a positive number of MiB "
+                         f"(default {DEFAULT_LIMIT_MB})")
+    return int(megabytes * 2**20)
+
+
+def cache_files(directory: str | Path) -> list[Path]:
+    """The reference files under `directory`, least recently used first (a load touches its file)."""
+    files = [p for p in Path(directory).glob("??/*.safetensors") if p.is_file()]
+    return sorted(files, key=lambda p: p.stat().st_mtime)
+
+
+def trim_cache(directory: str | Path, limit: int) -> int:
+    """Delete least recently used references until the directory holds at most `limit` bytes; returns how many
+    were deleted. Deleting is safe: a missing reference is generated again when an episode needs it."""
+    files = cache_files(directory)
+    sizes = [p.stat().st_size for p in files]
+    total, removed = sum(sizes), 0
+    for path, size in zip(files, sizes):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        removed += 1
+    return removed
 
 
 @dataclass
@@ -54,6 +93,8 @@ class ReferenceCache:
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.generated = 0  # how many references this instance had to generate
+        self.limit = cache_limit_bytes()  # read once: a bad value fails at construction, not mid-training
+        self._bytes: int | None = None  # the directory's size as this instance last knew it
 
     def check_writable(self) -> bool:
         """Warn (once, here) when references cannot be kept in the directory; True when they can."""
@@ -85,6 +126,8 @@ class ReferenceCache:
             video = tensors["video"]
             if set(tensors) != {"video"} or meta.get("key") != key or meta.get("sha256") != _digest(video, meta):
                 raise ValueError("checksum or key mismatch")
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: the size bound evicts the others first
             return Reference(video=video, latency_s=float(meta["latency_s"]), generated=False)
         except Exception as error:  # truncated, corrupt, or foreign file
             warnings.warn(f"reference file {path} is unreadable ({error}); regenerating it", stacklevel=2)
@@ -100,6 +143,14 @@ class ReferenceCache:
         meta["sha256"] = _digest(video, meta)
         with atomic_path(path) as tmp:
             save_file({"video": video.contiguous()}, str(tmp), metadata=meta)
+        size = path.stat().st_size
+        if self._bytes is None:  # one scan per instance; then counted, so a store costs no directory walk
+            self._bytes = sum(p.stat().st_size for p in cache_files(self.directory))
+        else:
+            self._bytes += size
+        if self._bytes > self.limit:
+            trim_cache(self.directory, max(self.limit, size))  # the file just written is the newest: kept
+            self._bytes = None
         return path
 
     def get_or_create(self, fields: dict[str, Any], generate: Callable[[], tuple[torch.Tensor, float]]) -> Reference:

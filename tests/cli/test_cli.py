@@ -10,7 +10,8 @@ from morca_env import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
-            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "leaderboard", "train-testbed",
+            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "cache",
+            "leaderboard", "train-testbed",
             "convert-checkpoint", "anchor"}
 
 
@@ -33,7 +34,7 @@ def test_each_subcommand_help_names_itself(name, capsys):
 
 def test_an_unknown_subcommand_is_refused_naming_the_valid_ones(capsys):
     assert commands.main(["colect"]) == 2
-    assert "unknown command 'colect'; valid: anchor, calibrate, collect" in capsys.readouterr().err
+    assert "unknown command 'colect'; valid: anchor, cache, calibrate, collect" in capsys.readouterr().err
 
 
 def test_every_product_script_is_a_thin_wrapper():
