@@ -2,8 +2,8 @@
 
 Subcommands come from the `morca_gym.commands` entry-point group, so the `agents`
 package adds its own (train, finetune, reinforce, quickstart) without `morca_env`
-importing it. Each subcommand is a module with `main(argv) -> int`; `python
-scripts/<name>.py` calls the same `main`. Listing them reads each module's
+importing it. Each subcommand is a module with `main(argv) -> int` (also runnable as
+`python -m morca_env.commands <name>`). Listing them reads each module's
 docstring from its file (nothing imported), so `morca --help` is fast and works
 without the optional extras.
 """

@@ -5,8 +5,8 @@
         --max-steps-per-epoch 80 --n-step 50 --suite 'tiny-train[11::132]' --prompts 40 --targets 2.5 3 --same-k
 
 Trains offline IQL once per variant (A0: none ... all of P3, P2 mean, P2 variance)
-with scripts/train_offline.py and evaluates all variants together with
-scripts/evaluate.py at the target speedups (on held-out prompts, or `--suite`), next to
+with morca train and evaluates all variants together with
+morca evaluate at the target speedups (on held-out prompts, or `--suite`), next to
 the best fixed schedule and uniform spacing, paired against the first variant (A0,
 no latent features, by default) and the best fixed schedule; `--same-k` compares them at the same K (quality
 only, what the features buy the decisions), `--n-step` sets the value targets (1: the
@@ -52,11 +52,11 @@ def main(argv=None) -> int:
         cap = ["--max-steps-per-epoch", str(args.max_steps_per_epoch)] if args.max_steps_per_epoch else []
         if not (run_dir / "final.safetensors").exists():
             run(f"train {name} ({VARIANTS[name] or 'no latent features'})",
-                ["scripts/train_offline.py", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.epochs),
+                ["morca train", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.epochs),
                  "--features", VARIANTS[name], "--n-step", str(args.n_step), "--seed", str(args.seed), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.safetensors'}")
-    run("evaluate", ["scripts/evaluate.py", *(["--suite", args.suite] if args.suite else []),
+    run("evaluate", ["morca evaluate", *(["--suite", args.suite] if args.suite else []),
                      "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),
                      "--methods", *methods, *BASELINES, "--baselines", methods[0].split("=")[0], BASELINES[0]], env)

@@ -11,7 +11,7 @@ Compares, on held-out prompts:
   * online IQL from scratch (R' x T trajectories, R' chosen so R' x T ~= D + R x T)
   * REINFORCE              (~D + R x T on-policy trajectories)
 against the random feasible and behaviour policies at the same exact K, and SeaCache (global threshold).
-Each stage is one of the training scripts, resumable; evaluation by scripts/evaluate.py.
+Each stage is one of the training scripts, resumable; evaluation by morca evaluate.
 """
 
 from __future__ import annotations
@@ -54,29 +54,29 @@ def main(argv=None) -> int:
                      "--joint-epochs", str(args.joint_epochs), "--n-step", str(args.n_step), *cap]
     offline = out / "offline"
     if not (offline / "final.safetensors").exists():
-        run("offline IQL", ["scripts/train_offline.py", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
+        run("offline IQL", ["morca train", "--recipe", "paper", "--dataset", args.dataset, "--epochs", str(args.offline_epochs),
                             *subset, "--features", args.features, "--n-step", str(args.n_step),
                             "--run-dir", str(offline), *cap, *resume_flag(offline)], env)
     o2o = out / "offline_to_online"
     if not (o2o / "final.safetensors").exists():
-        run("offline-to-online IQL", ["scripts/finetune_online.py", "--offline", str(offline / "final.safetensors"),
+        run("offline-to-online IQL", ["morca finetune", "--offline", str(offline / "final.safetensors"),
                                       "--dataset", args.dataset, *subset, "--rounds", str(args.rounds), *online_common,
                                       "--run-dir", str(o2o), *resume_flag(o2o)], env)
     scratch = out / "online_scratch"
     scratch_rounds = max(1, round(total / args.trajectories))
     if not (scratch / "final.safetensors").exists():
-        run("online IQL from scratch", ["scripts/finetune_online.py", "--from-scratch", "--features", args.features,
+        run("online IQL from scratch", ["morca finetune", "--from-scratch", "--features", args.features,
                                         "--rounds", str(scratch_rounds), *online_common, "--run-dir", str(scratch),
                                         *resume_flag(scratch)], env)
     reinforce = out / "reinforce"
     if not (reinforce / "history.json").exists():
-        run("REINFORCE", ["scripts/train_reinforce.py", "--episodes", str(total), "--features", args.features,
+        run("REINFORCE", ["morca reinforce", "--episodes", str(total), "--features", args.features,
                           "--run-dir", str(reinforce),
                           *(["--resume"] if (reinforce / "reinforce.safetensors").exists() else [])], env)
     (out / "budgets.json").write_text(json.dumps({"offline": offline_size, "offline_to_online": total,
                                                   "online_scratch": scratch_rounds * args.trajectories,
                                                   "reinforce": total}, indent=1))
-    run("evaluate", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--skip-prompts", str(args.skip_prompts),
+    run("evaluate", ["morca evaluate", "--prompts", str(args.prompts), "--skip-prompts", str(args.skip_prompts),
                      "--same-k", "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", "--methods", "random", "behaviour", "seacache-global",
                      f"reinforce={reinforce / 'reinforce.safetensors'}", f"morca-scratch={scratch / 'final.safetensors'}",

@@ -3,12 +3,12 @@
     python scripts/experiments/headroom.py --morca morca-offline=runs/quickstart/offline/final.safetensors \\
                                --morca morca-online=runs/quickstart/online/final.safetensors
 
-1. scripts/fit_fixed_schedule.py  the best fixed schedule per K on 12 tiny-train prompts (skipped when
+1. morca fit-fixed  the best fixed schedule per K on 12 tiny-train prompts (skipped when
                                   --fixed names a fitted file; the packaged one by default)
-2. scripts/search_schedules.py    the per-prompt oracle on the first --oracle-prompts held-out prompts
-3. scripts/evaluate.py --same-k   every method at the same K on --prompts held-out tiny-eval prompts
-4. scripts/evaluate.py            the oracle subset: searched, best-fixed and uniform on the same prompts
-5. scripts/evaluate.py --feedback equal measured speedup (calibrated next to the episodes; no oracle)
+2. morca search    the per-prompt oracle on the first --oracle-prompts held-out prompts
+3. morca evaluate --same-k   every method at the same K on --prompts held-out tiny-eval prompts
+4. morca evaluate            the oracle subset: searched, best-fixed and uniform on the same prompts
+5. morca evaluate --feedback equal measured speedup (calibrated next to the episodes; no oracle)
 
 Held-out prompts are the first --prompts of tiny-eval: no fit, search or training step reads them
 (the oracle searches them, by definition). Everything goes under --out and resumes.
@@ -47,20 +47,20 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     targets = [str(t) for t in args.targets]
     fixed = [f"best-fixed={args.fixed}"] if args.fixed else ["best-fixed"]
-    run("oracle search", ["scripts/search_schedules.py", "--prompts", "tiny-eval", "--count", str(args.oracle_prompts),
+    run("oracle search", ["morca search", "--prompts", "tiny-eval", "--count", str(args.oracle_prompts),
                           "--targets", *targets, "--evaluations", str(args.oracle_evaluations),
                           "--workers", str(args.workers), "--out", str(out / "oracle")], env)
     lean = [] if args.latent_features else ["--env-kwargs", '{"latent_features": false}']
-    run("same K, held-out prompts", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *targets,
+    run("same K, held-out prompts", ["morca evaluate", "--prompts", str(args.prompts), "--targets", *targets,
                                      "--same-k", "--videos", "0", "--out", str(out / "same_k"), *lean,
                                      "--baselines", "best-fixed", "uniform", "seacache-exact", "seacache-global",
                                      "--methods", *RULES, *fixed, *args.morca], env)
-    run("same K, oracle subset", ["scripts/evaluate.py", "--prompts", str(args.oracle_prompts), "--targets", *targets,
+    run("same K, oracle subset", ["morca evaluate", "--prompts", str(args.oracle_prompts), "--targets", *targets,
                                   "--same-k", "--videos", "1", "--out", str(out / "oracle_eval"), *lean,
                                   "--baselines", "best-fixed", "uniform",
                                   "--methods", "uniform", *fixed, *args.morca, f"searched={out / 'oracle'}"], env)
     if not args.skip_speedup:
-        run("equal measured speedup", ["scripts/evaluate.py", "--prompts", str(args.prompts), "--targets", *targets,
+        run("equal measured speedup", ["morca evaluate", "--prompts", str(args.prompts), "--targets", *targets,
                                        "--feedback", "--calibrate", "6", "--timing-repeats", "2", "--videos", "0",
                                        "--out", str(out / "speedup"), *lean,
                                        "--baselines", "best-fixed", "seacache-global",

@@ -37,7 +37,10 @@ def test_an_unknown_subcommand_is_refused_naming_the_valid_ones(capsys):
     assert "unknown command 'colect'; valid: anchor, cache, calibrate, collect" in capsys.readouterr().err
 
 
-def test_every_product_script_is_a_thin_wrapper():
-    """The logic lives in the installed package; `python scripts/<name>.py` keeps working through the same main."""
-    for script in (ROOT / "scripts").glob("*.py"):
-        assert len(script.read_text().splitlines()) <= 80, script.name
+def test_no_script_duplicates_a_morca_command():
+    """`morca <command>` is the one way to run a job: no `scripts/<name>.py` wrapper repeats it under another name."""
+    wrappers = [s.name for s in (ROOT / "scripts").glob("*.py") if "morca_env.commands" in s.read_text()
+                or "agents.commands" in s.read_text()]
+    assert not wrappers and set(commands.commands()) == EXPECTED
+
+

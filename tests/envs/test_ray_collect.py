@@ -142,7 +142,7 @@ def test_ray_address_without_ray_and_a_missing_ray_are_clear_errors(tmp_path, mo
 
     recipe = tmp_path / "recipe.json"
     recipe.write_text('{"dataset_id": "test/tiny/cli-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 1}')
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "collect.py"), str(recipe), "--ray-address", "auto"],
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "collect", str(recipe), "--ray-address", "auto"],
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 2 and "--ray-address 'auto' given without --ray" in out.stderr, out.stderr[-2000:]
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as when it is not installed
@@ -219,7 +219,7 @@ def test_evaluation_on_ray_gives_the_local_rows(ray_runtime, tmp_path):
 
 
 def test_evaluate_refuses_feedback_on_ray():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--ray", "--feedback"],
+    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "evaluate", "--ray", "--feedback"],
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 2 and "--feedback needs the episodes in order on one machine" in out.stderr, \
         out.stderr[-2000:]
