@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from morca_env.io import atomic_write_text
 
-from .checkpoint import check_weights, load_torch_state, save_state
+from .checkpoint import CheckpointError, check_weights, load_torch_state, save_state
 
 from .networks import MorcaNetwork, masked_logits
 from morca_env.observation import OBS_KEYS, as_tuple
@@ -69,6 +69,9 @@ class ReinforcePolicy:
     def load(cls, path, deterministic: bool = True, trusted: bool = False) -> "ReinforcePolicy":  # pragma: no mutate block (I/O, not learning)
         """A safe checkpoint (`.safetensors`), or a legacy `.pt` (its weights only, unless `trusted=True`)."""
         state = load_torch_state(path, trusted)
+        if not isinstance(state, dict) or not {"channels", "config", "network"} <= set(state):
+            raise CheckpointError(f"checkpoint {path} is not a REINFORCE checkpoint (it has no 'channels', 'config' "
+                                  "and 'network'); a MORCA checkpoint loads with make_scheduler('morca', path=...)")
         network = MorcaNetwork(state["channels"], "policy", state["config"]["features"])
         check_weights(network, state["network"], path)
         network.load_state_dict(state["network"])

@@ -279,6 +279,9 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
     targets = tuple(suite.targets if targets is None else targets)
     if isinstance(pair_step, bool) or not isinstance(pair_step, int) or pair_step < 1:
         raise ValueError(f"pair_step={pair_step!r} must be an integer >= 1 (1: every pair of the suite)")
+    if pair_step > len(suite.pairs()):
+        raise ValueError(f"pair_step={pair_step} leaves only the first of the suite's {len(suite.pairs())} pairs; "
+                         f"valid: 1 to {len(suite.pairs())}")
     episodes = [(target, index, prompt, seed) for target in targets
                 for index, (prompt, seed) in list(enumerate(suite.pairs()))[::pair_step]]
     if references is not None:  # a wrong calibration or step count fails here, before the suite is played

@@ -33,6 +33,10 @@ def main(argv=None) -> int:
                    help="per-episode target speedups (default: the model's data range, 1.5-3.5 for MorcaTiny)")
     add_run_arguments(p, "runs/reinforce", device=False)
     args = p.parse_args(argv)
+    if args.speedup_range is not None:
+        low, high = args.speedup_range
+        if not (1.0 <= low <= high < float("inf")):
+            p.error(f"--speedup-range {low:g} {high:g}: give LOW HIGH with 1 <= LOW <= HIGH (e.g. 1.5 3.5)")
     configure_threads(args.threads)
     refuse_to_overwrite(args.run_dir, "reinforce.safetensors", args.resume)
     env = make_training_env(args)

@@ -97,6 +97,11 @@ def main(argv=None) -> int:
     if args.thresholds:
         return calibrate_thresholds(args, kwargs)
     env = gym.make(args.env, budget=0, **kwargs).unwrapped
+    too_big = [k for k in (args.budgets or []) if k > env.budget_spec.max_budget]
+    if too_big:
+        env.close()
+        raise SystemExit(f"morca calibrate: --budgets {too_big[0]} exceeds this env's largest reuse budget; valid: "
+                         f"0 to {env.budget_spec.max_budget}")
     measured = measure_calibration(env, args.budgets, args.repeats, threads=args.threads,
                                   timing_repeats=args.timing_repeats)
     print("\n" + measured.table())

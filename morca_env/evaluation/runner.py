@@ -35,6 +35,9 @@ DEFAULT_METHODS = ("uniform", "seacache-global", "seacache-exact", "random")
 DEFAULT_BASELINES = ("seacache-exact", "seacache-global", "best-fixed")
 
 
+DEFAULT_PROMPTS = 200
+
+
 @dataclass(frozen=True)
 class EvaluationConfig:
     """What an evaluation runs. `methods`: `name[=spec]` strings as `schedulers.parse_method` reads them;
@@ -45,7 +48,7 @@ class EvaluationConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     targets: tuple[float, ...] | None = None
     suite: str | None = None
-    prompts: int = 200
+    prompts: int = DEFAULT_PROMPTS  # at most this many by default (a smaller suite plays all it has)
     skip_prompts: int = 0
     out: Path = Path("runs/eval")
     videos: int = 3
@@ -248,6 +251,10 @@ class EvaluationRun:
         self.env, self.free_env = make_envs(config.env_id, config.suite or preset.eval_suite, self.kwargs)
         suite = self.env.unwrapped.suite
         self.pairs = suite.pairs()[config.skip_prompts: config.skip_prompts + config.prompts]
+        if config.skip_prompts + config.prompts > len(suite.pairs()) and config.prompts != DEFAULT_PROMPTS:
+            raise ValueError(f"prompts={config.prompts} (after skipping {config.skip_prompts}) asks for more pairs "
+                             f"than the suite's {len(suite.pairs())}; valid: 1 to "
+                             f"{len(suite.pairs()) - config.skip_prompts}")
         if not self.pairs:
             raise ValueError(f"skip_prompts={config.skip_prompts} leaves no prompts: the suite has "
                              f"{len(suite.pairs())}")

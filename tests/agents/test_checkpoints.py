@@ -352,3 +352,9 @@ def test_non_finite_or_recast_weights_with_a_valid_digest_are_refused_by_name(iq
                       tmp_path / "reinforce.safetensors", "reinforce")
     with pytest.raises(CheckpointError, match=f"network.{name}.*{expected}"):
         ReinforcePolicy.load(path)
+
+
+def test_a_morca_checkpoint_loaded_as_reinforce_is_named(iql_checkpoint):
+    """It raised KeyError: 'channels'."""
+    with pytest.raises(CheckpointError, match=r"is not a REINFORCE checkpoint .* make_scheduler\('morca'"):
+        ReinforcePolicy.load(iql_checkpoint)

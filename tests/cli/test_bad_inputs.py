@@ -227,6 +227,7 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (['anchor', 'c.safetensors', '--out', 'o', '--env', 'Nope-v0'], "argument --env: 'Nope-v0' is not a MORCA env; valid: MorcaWan21-v0"),
     (['finetune', '--env', 'Nope-v0'], "argument --env: 'Nope-v0' is not a MORCA env; valid: MorcaWan21-v0"),
     (['reinforce', '--env', 'Nope-v0'], "argument --env: 'Nope-v0' is not a MORCA env; valid: MorcaWan21-v0"),
+    (["reinforce", "--speedup-range", "3", "1"], "--speedup-range 3 1: give LOW HIGH with 1 <= LOW <= HIGH"),
     (["leaderboard", "--pair-step", "0"], "argument --pair-step: '0' is not a positive integer"),
     (["leaderboard", "--seeds", "-1"], "argument --seeds: '-1' is not a positive integer"),
     (["leaderboard", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
@@ -372,3 +373,18 @@ def test_train_refuses_a_run_dir_holding_a_run_unless_resumed(tmp_path, marker):
     with pytest.raises(SystemExit, match="already holds a run; pass --resume"):
         train.main(["--dataset", "morca/none/none-v0", "--run-dir", str(run_dir)])
     assert (run_dir / marker).read_text() == "the old run"
+
+
+def test_counts_beyond_what_exists_are_refused_by_name(tmp_path, monkeypatch):
+    """evaluate --prompts 1000000, pair_step=10**9 and calibrate --budgets 999 were accepted."""
+    from morca_env import benchmark
+    from morca_env.commands import calibrate, evaluate
+
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"prompts=1000000 .* more pairs than the suite's 200; valid: 1 to 200"):
+        evaluate.main(["--env", "MorcaTinyRandom-v0", "--prompts", "1000000", "--out", str(tmp_path / "e"),
+                       "--methods", "uniform", "--targets", "2"])
+    with pytest.raises(ValueError, match=r"pair_step=1000000000 leaves only the first .* valid: 1 to"):
+        benchmark.evaluate(lambda obs: 0, "MorcaTinyRandom-v0", references=None, progress=False, pair_step=10**9)
+    with pytest.raises(SystemExit, match=r"--budgets 999 exceeds this env's largest reuse budget; valid: 0 to"):
+        calibrate.main(["--env", "MorcaTinyRandom-v0", "--budgets", "0", "999"])
