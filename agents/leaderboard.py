@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+
+from morca_env.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
 DATASETS = {"mixture": "datasets/morca/tiny/mixture-v0.json", "random": "datasets/morca/tiny/random-v0.json"}
@@ -60,11 +63,10 @@ def run_name(job: dict) -> str:
 
 
 def buffer_of(dataset: str, episodes: int):
-    import minari
-
     from morca_env.data import CollectionRecipe, to_replay_buffer
+    from morca_env.dataset_integrity import load_dataset
 
-    data = minari.load_dataset(CollectionRecipe.from_file(DATASETS[dataset]).dataset_id)
+    data = load_dataset(CollectionRecipe.from_file(DATASETS[dataset]).dataset_id)
     if data.total_episodes < episodes:
         raise SystemExit(f"{dataset}: {data.total_episodes} episodes collected, --episodes {episodes} asked; run "
                          f"morca collect {DATASETS[dataset]} --episodes {episodes}")
@@ -191,7 +193,7 @@ def check_fingerprint(out: Path, args) -> None:
 
 
 def main(argv=None) -> int:
-    from morca_env.cli import positive_int
+    from morca_env.cli import positive_int, worker_count
 
     p = argparse.ArgumentParser(prog="morca leaderboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/leaderboard")
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=positive_int, default=1000, help="gradient updates of every offline algorithm")
     p.add_argument("--online-episodes", type=positive_int, default=48, help="env episodes of every online algorithm")
     p.add_argument("--pair-step", type=positive_int, default=2, help="score every n-th pair of the suite")
-    p.add_argument("--workers", type=positive_int, default=2)
+    p.add_argument("--workers", type=worker_count, default=2)
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
     p.add_argument("--page", default="docs/results/leaderboard_tiny.md")
     args = p.parse_args(argv)
@@ -226,7 +228,9 @@ def main(argv=None) -> int:
         if not args.report and todo:
             from tqdm import tqdm
 
-            with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+            # the workers end with this process, even when it is killed -9 (a run would otherwise train on, orphaned)
+            with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=exit_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
                 futures = {pool.submit(run_job, j, args): j for j in todo}
                 for future in tqdm(as_completed(futures), total=len(futures), desc="leaderboard runs"):
                     job = futures[future]

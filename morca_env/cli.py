@@ -60,6 +60,28 @@ def nonnegative_int(text: str) -> int:
     return _integer_at_least(text, 0, "non-negative integer")
 
 
+MAX_WORKERS = 1024  # processes or Ray actors; beyond this an OS limit fails first, with a raw OverflowError
+
+
+def worker_count(text: str) -> int:
+    """A number of parallel workers: 1 .. MAX_WORKERS."""
+    value = _integer_at_least(text, 1, "positive integer")
+    if value > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r} workers is more than any machine runs (valid: 1 .. {MAX_WORKERS})")
+    return value
+
+
+MAX_THREADS = 1024  # torch refuses counts beyond a C int with a raw "Overflow when unpacking long"
+
+
+def thread_count(text: str) -> int:
+    """A number of torch threads: 1 .. MAX_THREADS."""
+    value = _integer_at_least(text, 1, "positive integer")
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{text!r} threads is more than any machine runs (valid: 1 .. {MAX_THREADS})")
+    return value
+
+
 def env_id(text: str) -> str:
     """A registered MORCA env id (gymnasium's own error suggests unrelated envs, e.g. 'Hopper')."""
     from .registration import ENV_IDS
@@ -79,6 +101,49 @@ def json_dict(text: str) -> dict:
     return value
 
 
+def _first_existing(path: Path) -> Path | None:
+    return next((p for p in (path, *path.parents) if p.exists()), None)
+
+
+def output_directory(text: str) -> Path:
+    """A directory to write into, refused at once (not after the work) when a file stands there or above it."""
+    path = Path(text)
+    existing = _first_existing(path)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise argparse.ArgumentTypeError(f"{text!r} {where}: give a directory")
+    return path
+
+
+def output_file(text: str) -> Path:
+    """A file to write, refused at once when a directory stands there or a file above it."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory: give a file path in it, e.g. "
+                                         f"{path / 'out.safetensors'}")
+    output_directory(str(path.parent))
+    return path
+
+
+def torch_device(text: str) -> str:
+    """A torch device this machine has: 'cpu', or 'cuda' / 'cuda:<index>' below its CUDA device count."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; valid: cpu, cuda, cuda:<index>")
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and count == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device; valid here: cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s); valid: cpu, cuda, "
+                                         f"cuda:0 .. cuda:{count - 1}")
+    return text
+
+
 def speedup(text: str) -> float:
     """A target speedup: a number >= 1 (the env checks the upper end against its calibration)."""
     try:
@@ -96,8 +161,8 @@ def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.A
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", type=env_id, default=env)
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="extra gym.make keyword arguments, as JSON")
-    p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--workers", type=worker_count, default=1, help="parallel worker processes")
+    p.add_argument("--threads", type=thread_count, default=None,
                    help="torch threads per worker (default: from the cores free now and the workers)")
     p.add_argument("--out", type=Path, required=True, help="output folder (a rerun resumes from it)")
     return p
@@ -146,11 +211,11 @@ def make_training_env(args):
 def add_run_arguments(p: argparse.ArgumentParser, run_dir: str, resume: str = "continue the run in --run-dir",
                       device: bool = True) -> None:
     """What every training run takes: its folder, --resume, the device, torch threads and the seed."""
-    p.add_argument("--run-dir", type=Path, default=Path(run_dir))
+    p.add_argument("--run-dir", type=output_directory, default=Path(run_dir))
     p.add_argument("--resume", action="store_true", help=resume)
     if device:
-        p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=positive_int, default=None,
+        p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--threads", type=thread_count, default=None,
                    help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--seed", type=int, default=0)
 

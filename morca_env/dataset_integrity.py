@@ -98,7 +98,17 @@ def iterate_checked(dataset, episode_indices=None):
 def load_dataset(dataset_id: str):
     """`minari.load_dataset`, with an unreadable (truncated, damaged) dataset reported by its id and file."""
     import minari
+    from minari.storage.datasets_root_dir import get_dataset_path
 
+    if not isinstance(dataset_id, str) or not dataset_id:
+        raise ValueError(f"dataset id {dataset_id!r} must be a non-empty string, e.g. 'morca/tiny/random-v0'")
+    if not (get_dataset_path(dataset_id) / "data").is_dir():  # minari would suggest download=True: none is hosted
+        root = get_dataset_path()
+        local = sorted(str(p.parent.relative_to(root)) for p in root.glob("**/data") if p.is_dir())
+        raise FileNotFoundError(
+            f"dataset {dataset_id!r} is not in the local Minari root {root} (MINARI_DATASETS_PATH); local datasets: "
+            f"{', '.join(local) or 'none'}. MORCA's datasets are not hosted: make it with `morca collect "
+            "<recipe.json>` (the recipes are under datasets/morca/ in the repository)")
     try:
         return minari.load_dataset(dataset_id)
     except (OSError, KeyError, json.JSONDecodeError) as error:

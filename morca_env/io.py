@@ -87,10 +87,11 @@ def read_json(path: str | Path, what: str = "file"):
         raise ValueError(f"{what} {path} is not valid JSON ({where}); restore it or write it again") from None
 
 
-def read_json_lines(path: str | Path) -> list[dict]:
+def read_json_lines(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     """The rows of an append-only JSON-lines log. A torn last line (a crash in the middle of a write) is dropped
-    with a warning, since the row it held is simply redone; a bad line before the end means the file was damaged
-    otherwise, and the error names the file and line."""
+    with a warning, since the row it held is simply redone; a bad line before the end, or a line that is not an
+    object holding the `required` keys, means the file was damaged otherwise, and the error names the file and
+    line."""
     path = Path(path)
     if not path.exists():
         return []
@@ -108,6 +109,13 @@ def read_json_lines(path: str | Path) -> list[dict]:
                 continue
             raise ValueError(f"{path} line {number} is not JSON ({error.msg}); the log is damaged: "
                              "move it away to start over") from None
+        row = rows[-1]
+        missing = [key for key in required if key not in row] if isinstance(row, dict) else None
+        if missing is None or missing:
+            what = f"lacks {', '.join(map(repr, missing))}" if missing else f"is a JSON {type(row).__name__}"
+            raise ValueError(f"{path} line {number} {what}, not a row of this log (an object with "
+                             f"{', '.join(map(repr, required)) or 'its fields'}); the log is damaged: move it away "
+                             "to start over")
     return rows
 
 

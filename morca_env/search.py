@@ -93,7 +93,7 @@ class EvaluationLog:
         self.values: dict[tuple[str, int, str], float] = {}
         if self.path is not None:
             repair_json_lines(self.path)  # the next row starts a line of its own
-            for row in read_json_lines(self.path):
+            for row in read_json_lines(self.path, required=("prompt", "seed", "schedule", "reward")):
                 self.values[(row["prompt"], int(row["seed"]), row["schedule"])] = float(row["reward"])
 
     def get(self, prompt: str, seed: int, key: str) -> float | None:
@@ -327,7 +327,7 @@ def searched_episodes(directories: Sequence[str | Path], per_search: int | None 
     for directory in directories:
         for path in sorted(Path(directory).glob("*.jsonl")):
             groups: dict[tuple[str, int], list[dict]] = {}
-            for row in read_json_lines(path):
+            for row in read_json_lines(path, required=("prompt", "seed", "schedule", "reward")):
                 groups.setdefault((row["prompt"], int(row["seed"])), []).append(row)
             for (prompt, gen_seed), rows in groups.items():
                 if prompt in banned:

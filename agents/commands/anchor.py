@@ -26,7 +26,7 @@ import gymnasium as gym
 
 from agents.anchored import LEAVE_RATES, anchor_of, baseline_of, choose_margin, with_margin
 from agents.checkpoint import CheckpointError, load_learnable
-from morca_env.cli import env_id, json_dict, positive_int, show_library_messages, speedup
+from morca_env.cli import env_id, json_dict, output_file, positive_int, show_library_messages, speedup, thread_count
 from morca_env.io import atomic_write_text
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
@@ -39,7 +39,7 @@ from morca_env.workers import default_num_envs
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca anchor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path, help="an anchored checkpoint (morca train / finetune, --recipe anchored)")
-    p.add_argument("--out", type=Path, required=True, help="where the scheduler with its margin is written")
+    p.add_argument("--out", type=output_file, required=True, help="where the scheduler with its margin is written")
     p.add_argument("--env", type=env_id, default="MorcaTiny-v0")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
     p.add_argument("--prompts", help="validation prompt suite, each with its fixed seed (default: the model's, e.g. "
@@ -51,7 +51,7 @@ def parse_args(argv=None):
                         "around), 'packaged' (the model's best fixed schedule as shipped now: re-anchor a "
                         "checkpoint after a refit) or a schedules file (morca fit-fixed writes them)")
     p.add_argument("--num-envs", type=positive_int, default=None, help="episodes played as one batch")
-    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--threads", type=thread_count, default=None)
     args = p.parse_args(argv)
     if args.prompts is None:
         args.prompts = preset_for_env(args.env).prompts.anchor

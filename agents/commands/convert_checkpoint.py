@@ -16,13 +16,14 @@ from pathlib import Path
 
 import agents  # noqa: F401  (registers our classes with d3rlpy)
 from agents.checkpoint import CheckpointError, convert
+from morca_env.cli import output_file
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="morca convert-checkpoint", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=Path, help="legacy checkpoints (.d3 or .pt) you trust")
-    p.add_argument("--out", type=Path, help="where to write (one checkpoint only; default: beside it, .safetensors)")
+    p.add_argument("--out", type=output_file, help="where to write (one checkpoint only; default: beside it, .safetensors)")
     args = p.parse_args(argv)
     if args.out is not None and len(args.checkpoints) > 1:
         p.error(f"--out names one file, and {len(args.checkpoints)} checkpoints were given")

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
-import minari
 
 import morca_env  # noqa: F401
 from agents.anchored import anchor_of, anchored_buffer, baseline_of
@@ -33,6 +32,7 @@ from morca_env.cli import (add_run_arguments, add_training_env_arguments, positi
                            refuse_to_overwrite,
                            show_library_messages, make_training_env)
 from morca_env.data import first_episodes, to_replay_buffer
+from morca_env.dataset_integrity import load_dataset
 from morca_env.threads import configure_threads
 from morca_env.vector import single_env
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     anchor = None if args.from_scratch else anchor_of(args.offline)
     buffer = None
     if args.dataset and not args.from_scratch:
-        dataset = minari.load_dataset(args.dataset)
+        dataset = load_dataset(args.dataset)
         indices = first_episodes(dataset, args.episodes)
         buffer = to_replay_buffer(dataset, "tuple", episode_indices=indices)
         if anchor is not None:

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from morca_env.cli import nonnegative_int, positive_int, speedup
+from morca_env.cli import nonnegative_int, output_directory, positive_int, speedup
 from morca_env.commands import resume_flag, run_step as run
 from morca_env.models.presets import preset_for_env
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--recipe", choices=("anchored", "paper"), default=None,
                    help="anchored (default at --scale quick): learn to leave the best fixed schedule only where it "
                         "pays (agents.anchored); paper: the paper's recipe (the only one at --scale paper)")
-    p.add_argument("--out", type=Path, default=Path("runs/quickstart"))
+    p.add_argument("--out", type=output_directory, default=Path("runs/quickstart"))
     for name, value in SCALES[("quick", "anchored")].items():  # counts: 0 means "none" / "no cap" only where it can
         count = nonnegative_int if name in ZERO_ALLOWED else positive_int
         p.add_argument(f"--{name.replace('_', '-')}", type=count if isinstance(value, int) else str, default=None)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import agents  # noqa: F401  (first: registers our classes and quiets d3rlpy's import)
 import d3rlpy
-import minari
 
 from agents.anchored import anchored_buffer
 from agents.offline import OfflineConfig, OfflineTrainer
@@ -27,6 +26,7 @@ from agents.training import FINAL
 from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
                            refuse_to_overwrite, show_library_messages)
 from morca_env.data import first_episodes, to_replay_buffer
+from morca_env.dataset_integrity import load_dataset
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.threads import configure_threads
 
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     for marker in ("latest.json", FINAL):  # a new run never replaces a finished or checkpointed one silently
         refuse_to_overwrite(args.run_dir, marker, args.resume)
     d3rlpy.seed(args.seed)
-    datasets = [minari.load_dataset(name) for name in args.dataset]
+    datasets = [load_dataset(name) for name in args.dataset]
     indices = first_episodes(datasets[0], args.episodes)
     buffer = to_replay_buffer(datasets, "tuple", episode_indices=indices, n_step=args.n_step)
     anchor = None

@@ -6,16 +6,22 @@ importing it. Each subcommand is a module with `main(argv) -> int` (also runnabl
 `python -m morca_env.commands <name>`). Listing them reads each module's
 docstring from its file (nothing imported), so `morca --help` is fast and works
 without the optional extras.
+
+A bad value, file or state (the package raises `ValueError`, `OSError` or `RuntimeError` naming it) ends a
+command with that one line on stderr and exit status 1; anything else is a bug and keeps its traceback.
+`--debug` (anywhere on the line, or `MORCA_DEBUG=1`) shows the traceback of every error.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import time
 from importlib.metadata import entry_points
 from importlib.util import find_spec
+from pathlib import Path
 
 GROUP = "morca_gym.commands"
 
@@ -45,8 +51,40 @@ def usage() -> str:
             + "\n".join(rows))
 
 
+_PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) + "/" for name in ("morca_env", "agents"))
+
+
+def _raised_here(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, comes from a `raise` in this project's packages."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` reports a bad value, file or state in words meant for the user (one line, no traceback):
+    a `ValueError`, `OSError`, `RuntimeError`, `ImportError` or `MemoryError` (a size too large for this
+    machine), or a `TypeError` the package raised itself (its checks of argument types) or a call refused for an
+    unknown keyword (an env kwarg that does not exist). A recursion limit, an unimplemented path or any other
+    error is a bug, and keeps its traceback."""
+    if isinstance(error, (RecursionError, NotImplementedError)):
+        return False
+    if isinstance(error, TypeError):
+        return _raised_here(error) or "unexpected keyword argument" in str(error)
+    return isinstance(error, (ValueError, OSError, RuntimeError, ImportError, MemoryError))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MORCA_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
@@ -60,7 +98,26 @@ def main(argv=None) -> int:
     except ImportError as error:  # a subcommand of a package whose extra is missing: say which, no traceback
         print(f"morca {name}: {error}", file=sys.stderr)
         return 1
-    return command(rest) or 0
+    try:
+        return command(rest) or 0
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"morca {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        if is_user_error(error):
+            print(f"morca {name}: {message}", file=sys.stderr)
+            return 1
+        import traceback
+
+        traceback.print_exc()
+        print(f"morca {name}: unexpected {type(error).__name__}: {message} (a bug in morca: please report it with "
+              "the traceback above)", file=sys.stderr)
+        return 1
 
 
 def run_step(step: str, args: list[str], env: dict) -> None:

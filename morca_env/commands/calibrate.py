@@ -34,7 +34,8 @@ from morca_env.calibrate import measure_calibration
 from morca_env.calibration_files import calibration_file
 from morca_env.rollout import rollout
 from morca_env.threads import configure_threads
-from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages
+from morca_env.cli import (env_id, json_dict, nonnegative_int, output_file, positive_int, show_library_messages,
+                           thread_count)
 
 
 def parse_args(argv=None):
@@ -43,10 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of extra env kwargs")
     p.add_argument("--budgets", type=nonnegative_int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=positive_int, default=6, help="rounds over all budgets")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--timing-repeats", type=positive_int, default=3,
                    help="each timed run counts by its fastest of this many back-to-back runs (1: single runs)")
-    p.add_argument("--out", type=Path, help="output JSON (default: the user calibration dir)")
+    p.add_argument("--out", type=output_file, help="output JSON (default: the user calibration dir)")
     p.add_argument("--packaged", action="store_true", help="write the package's default calibration instead")
     p.add_argument("--thresholds", action="store_true", help="fit the SeaCache threshold -> speedup map instead")
     p.add_argument("--prompts", type=positive_int, default=8, help="training prompts per threshold (--thresholds)")

@@ -22,7 +22,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from morca_env.cli import json_dict, positive_int, show_library_messages
+from morca_env.cli import json_dict, positive_int, show_library_messages, thread_count, worker_count
 from morca_env.data import CollectionRecipe, collect_dataset
 from morca_env.executors import add_ray_arguments, executor_from_args
 from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
@@ -42,9 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("recipe", type=recipe_file, help="a JSON recipe from datasets/")
     p.add_argument("--episodes", type=positive_int, help="override the recipe's episode count")
     p.add_argument("--dataset-id", help="override the dataset id (e.g. for a small test build)")
-    p.add_argument("--workers", type=positive_int, default=1,
+    p.add_argument("--workers", type=worker_count, default=1,
                    help="parallel processes (with --ray: Ray actors), one episode stream each")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
+    p.add_argument("--threads", type=thread_count, default=1, help="torch threads per worker")
     p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes each worker plays as one batch (a MorcaVectorEnv; 1: the single env). Default "
                         f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")

@@ -16,12 +16,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import minari  # noqa: E402
 import numpy as np  # noqa: E402
 
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 from morca_env.data import episode_options  # noqa: E402
+from morca_env.dataset_integrity import load_dataset  # noqa: E402
 from morca_env.io import atomic_path  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def directory_size(path: Path) -> int:
 
 
 def summarise(dataset_id: str) -> tuple[str, dict]:
-    dataset = minari.load_dataset(dataset_id)
+    dataset = load_dataset(dataset_id)
     meta = episode_options(dataset)
     budget = np.array([m["budget"] for m in meta])
     target = np.array([m.get("target_speedup") or np.nan for m in meta], dtype=float)

@@ -49,7 +49,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages, speedup
+from morca_env.cli import (env_id, json_dict, nonnegative_int, output_directory, positive_int, show_library_messages,
+                           speedup, thread_count, worker_count)
 from morca_env.evaluation.runner import DEFAULT_BASELINES, DEFAULT_METHODS, EvaluationConfig, evaluate
 from morca_env.executors import add_ray_arguments, executor_from_args
 from morca_env.threads import configure_threads
@@ -66,10 +67,10 @@ def main(argv=None) -> int:
                    help="start after the suite's first N prompts (e.g. keep prompts used to pick settings out of a report)")
     p.add_argument("--targets", type=speedup, nargs="+", help="speedups (default: the model's eval targets)")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
-    p.add_argument("--out", type=Path, default=Path("runs/eval"))
+    p.add_argument("--out", type=output_directory, default=Path("runs/eval"))
     p.add_argument("--videos", type=nonnegative_int, default=3, help="prompts to render side by side (at the middle target)")
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
     p.add_argument("--calibrate", type=nonnegative_int, default=0, metavar="ROUNDS",
                    help="measure the speedup calibration first (ROUNDS rounds over ~10 budgets, ~0.5 s per episode "
                         "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--same-k", action="store_true",
                    help="learned schedulers run at the rules' K (their inference time still counts in their latency, "
                         "not in their K): the paper's Table 4 comparison at equal budget")
-    p.add_argument("--workers", type=positive_int, default=2,
+    p.add_argument("--workers", type=worker_count, default=2,
                    help="Ray actors with --ray (each its own envs; the local loop runs one episode at a time)")
     add_ray_arguments(p)
     p.add_argument("--overwrite", action="store_true",

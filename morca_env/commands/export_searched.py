@@ -19,7 +19,7 @@ from pathlib import Path
 from morca_env.io import atomic_write_text
 from morca_env.prompts import evaluation_prompts, get_suite
 from morca_env.search import searched_episodes
-from morca_env.cli import positive_int
+from morca_env.cli import output_file, positive_int
 
 
 def main(argv=None) -> int:
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-search", type=positive_int, default=None, help="episodes kept per (search, prompt): best half + random")
     p.add_argument("--exclude-suite", help="a suite whose prompts are left out (default: every evaluation suite)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=output_file, required=True)
     args = p.parse_args(argv)
     if args.per_search is not None and args.per_search < 2:
         p.error(f"--per-search {args.per_search} must be >= 2 (a best half and a random half)")

@@ -35,7 +35,7 @@ from morca_env.calibration_files import calibration_file
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite, is_evaluation_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int
+from morca_env.cli import env_id, json_dict, nonnegative_int, output_directory, positive_int, thread_count, worker_count
 
 
 def main(argv=None) -> int:
@@ -47,9 +47,9 @@ def main(argv=None) -> int:
                    "default: the model's, e.g. tiny-train[::464], 12 spread over MorcaTiny's grammar)")
     p.add_argument("--evaluations", type=positive_int, default=120, help="schedules evaluated per K")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=1)
-    p.add_argument("--out", type=Path, default=Path("runs/fixed_schedule"), help="search logs (resumable)")
+    p.add_argument("--workers", type=worker_count, default=1)
+    p.add_argument("--threads", type=thread_count, default=1)
+    p.add_argument("--out", type=output_directory, default=Path("runs/fixed_schedule"), help="search logs (resumable)")
     p.add_argument("--save", default="user", help="'user', 'packaged' or a file path")
     p.add_argument("--select-on", default=None, help="validation prompts (a training-suite slice disjoint from "
                    "--prompts): per K, keep the fitted schedule only where it beats uniform spacing there")

@@ -24,7 +24,7 @@ from pathlib import Path
 import gymnasium as gym
 
 import morca_env  # noqa: F401
-from morca_env.cli import env_id, json_dict, positive_int, show_library_messages
+from morca_env.cli import env_id, json_dict, show_library_messages, thread_count
 from morca_env.io import atomic_write_text
 from morca_env.calibration_files import calibration_file
 from morca_env.models.presets import preset_for_env
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES))
     p.add_argument("--prompts", help="training prompt suite with fixed seeds (<suite>:<n>; default: the model's, "
                                      "e.g. tiny-train:4)")
-    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--threads", type=thread_count, default=1)
     p.add_argument("--save", default="user", help="'user', 'packaged' or a directory")
     args = p.parse_args(argv)
     args.prompts = args.prompts or preset_for_env(args.env).prompts.fit_rules

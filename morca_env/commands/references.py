@@ -15,7 +15,7 @@ import sys
 import torch
 
 from morca_env import benchmark
-from morca_env.cli import positive_int
+from morca_env.cli import thread_count
 
 
 def main(argv=None) -> int:
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("env_id", choices=sorted(benchmark.SUITES))
     p.add_argument("--out", default=None, help="JSON file to merge into (default: the packaged references)")
     p.add_argument("--seed", type=int, default=0, help="the random feasible policy's seed")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 is fastest on a shared CPU)")
+    p.add_argument("--threads", type=thread_count, default=1, help="torch threads (1 is fastest on a shared CPU)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     refs = benchmark.measure_references(args.env_id, seed=args.seed)

@@ -25,7 +25,8 @@ import morca_env  # noqa: F401
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
 from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.cli import env_id, json_dict, nonnegative_int, positive_int, show_library_messages, speedup
+from morca_env.cli import (env_id, json_dict, nonnegative_int, output_directory, positive_int, show_library_messages,
+                           speedup, thread_count, worker_count)
 from morca_env.executors import add_ray_arguments, executor_from_args
 
 
@@ -46,9 +47,9 @@ def main(argv=None) -> int:
     p.add_argument("--targets", type=speedup, nargs="+", default=[2.0, 2.5, 3.0])
     p.add_argument("--evaluations", type=positive_int, default=100, help="schedules evaluated per search")
     p.add_argument("--seed", type=int, default=0, help="search RNG seed")
-    p.add_argument("--workers", type=positive_int, default=1)
-    p.add_argument("--threads", type=positive_int, default=1)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--workers", type=worker_count, default=1)
+    p.add_argument("--threads", type=thread_count, default=1)
+    p.add_argument("--out", type=output_directory, required=True)
     add_ray_arguments(p)
     args = p.parse_args(argv)
     executor = executor_from_args(p, args)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from morca_env.cli import positive_int
+from morca_env.cli import output_directory, positive_int, thread_count, torch_device
 
 # each model's settings as shipped (the flags override them)
 MODELS = {
@@ -52,11 +52,11 @@ def parse_args(argv=None, default_model: str | None = None):
     p.add_argument("--prompt-dropout", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=thread_count, default=2)
+    p.add_argument("--device", type=torch_device, default="cpu")
     p.add_argument("--init", type=Path, help="start from these weights (a weights directory) instead of scratch")
-    p.add_argument("--run-dir", type=Path, default=None, help="checkpoint and loss log (default: runs/train_<model>)")
-    p.add_argument("--out", type=Path, default=None, help="weights directory (default: the packaged weights)")
+    p.add_argument("--run-dir", type=output_directory, default=None, help="checkpoint and loss log (default: runs/train_<model>)")
+    p.add_argument("--out", type=output_directory, default=None, help="weights directory (default: the packaged weights)")
     p.add_argument("--checkpoint-every", type=positive_int, default=250)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to the run dir)")

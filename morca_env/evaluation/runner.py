@@ -36,6 +36,7 @@ DEFAULT_BASELINES = ("seacache-exact", "seacache-global", "best-fixed")
 
 
 DEFAULT_PROMPTS = 200
+ROW_KEYS = ("method", "target", "prompt_index", "prompt", "seed", "psnr")  # what every row of episodes.jsonl holds
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,7 @@ class EvaluationRun:
         self.k_cost = {name: 0.0 if config.same_k else c for name, c in self.cost.items()}  # what speedup -> K counts
         self.log = config.out / "episodes.jsonl"
         repair_json_lines(self.log)
-        self.rows = read_json_lines(self.log)
+        self.rows = read_json_lines(self.log, required=ROW_KEYS)
         check_rows_match_pairs(self.rows, self.pairs, self.log)
         self.matched = ([] if not config.matched else
                         [b for b in config.baselines if b in dict(self.methods) and b not in self.own_k])

@@ -89,3 +89,56 @@ def test_failed_runs_give_a_non_zero_exit(tmp_path, monkeypatch):
     code = leaderboard.main(["--only", "rules", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "lb"),
                              "--page", str(tmp_path / "p.md")])
     assert code == 1
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reaped-later child of init counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    code = ("import sys; from agents import leaderboard; leaderboard.RULES = {'uniform': 'uniform'}; "
+            f"sys.exit(leaderboard.main(['--only', 'rules', '--seeds', '1', '--pair-step', '1', '--workers', '1', "
+            f"'--out', {str(tmp_path / 'lb')!r}, '--page', {str(tmp_path / 'p.md')!r}]))")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "MORCA_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(
+                b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(parent.pid)
+                if Path(f"/proc/{c}/cmdline").exists()):
+            time.sleep(0.5)
+        time.sleep(3)  # the worker is in its run (importing, then playing the suite)
+        children = _children(parent.pid)
+        assert children, "the leaderboard started no worker"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 15
+        while time.time() < deadline and any(_running(c) for c in children):
+            time.sleep(0.5)
+        alive = [c for c in children if _running(c)]
+        assert not alive, f"workers {alive} outlived their killed leaderboard"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -231,12 +231,26 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["leaderboard", "--pair-step", "0"], "argument --pair-step: '0' is not a positive integer"),
     (["leaderboard", "--seeds", "-1"], "argument --seeds: '-1' is not a positive integer"),
     (["leaderboard", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
+    (["leaderboard", "--workers", "99999999999"], "argument --workers: '99999999999' workers is more than any "
+                                                  "machine runs (valid: 1 .. 1024)"),
+    (["train", "--device", "gpu"], "argument --device: 'gpu' is not a torch device; valid: cpu, cuda, cuda:<index>"),
+    (["train", "--run-dir", "A_FILE"], "argument --run-dir: 'A_FILE' is a file: give a directory"),
+    (["reinforce", "--run-dir", "A_FILE/run"], "argument --run-dir: 'A_FILE/run' lies under the file A_FILE: give a "
+                                                "directory"),
+    (["anchor", "c.safetensors", "--out", "A_DIR"], "argument --out: 'A_DIR' is a directory: give a file path in it"),
+    (["evaluate", "--out", "A_FILE"], "argument --out: 'A_FILE' is a file: give a directory"),
 ]
+if not __import__("torch").cuda.is_available():
+    SCRIPT_ROWS.append((["train", "--device", "cuda:7"], "argument --device: 'cuda:7': this machine has no CUDA "
+                                                         "device; valid here: cpu"))
 
 
 @pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
-def test_script_argument(args, fragment, capsys, monkeypatch):
+def test_script_argument(args, fragment, capsys, monkeypatch, tmp_path):
     recipe = str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json")
+    monkeypatch.chdir(tmp_path)
+    Path("A_FILE").write_text("")
+    Path("A_DIR").mkdir()
     script, argv = args[0], [recipe if a == "RECIPE" else a for a in args[1:]]
     with pytest.raises(SystemExit) as exit_info:  # argparse exits before anything runs
         if script.endswith(".py"):  # an experiment under scripts/
@@ -319,7 +333,7 @@ def test_round2_item8_an_output_that_is_a_file_or_read_only_is_named(tmp_path, m
         writable_directory(afile, "evaluation output --out")
     with pytest.raises(NotADirectoryError, match="is a file \\(or lies under one\\)"):
         writable_directory(afile / "sub")
-    with pytest.raises(SystemExit, match=f"morca evaluate: evaluation output --out {afile} is a file"):
+    with pytest.raises(SystemExit):  # refused by the argument's type, before any work
         commands.main(["evaluate", "--env", "MorcaTinyRandom-v0", "--prompts", "1", "--targets", "2", "--videos", "0",
                        "--methods", "uniform", "--out", str(afile)])
 
@@ -388,3 +402,26 @@ def test_counts_beyond_what_exists_are_refused_by_name(tmp_path, monkeypatch):
         benchmark.evaluate(lambda obs: 0, "MorcaTinyRandom-v0", references=None, progress=False, pair_step=10**9)
     with pytest.raises(SystemExit, match=r"--budgets 999 exceeds this env's largest reuse budget; valid: 0 to"):
         calibrate.main(["--env", "MorcaTinyRandom-v0", "--budgets", "0", "999"])
+
+
+@pytest.mark.parametrize("line, fragment", [("[1, 2]", "line 2 is a JSON list, not a row of this log"),
+                                            ('{"prompt": "a"}', "line 2 lacks 'seed', 'schedule', 'reward'")])
+def test_a_valid_json_line_that_is_not_a_row_is_named_with_its_line(tmp_path, line, fragment):
+    from morca_env.search import EvaluationLog
+
+    log = tmp_path / "search.jsonl"
+    log.write_text(json.dumps({"prompt": "a", "seed": 0, "schedule": "0101", "reward": 30.0, "psnr": 30.0}) + "\n"
+                   + line + "\n" + json.dumps({"prompt": "b", "seed": 1, "schedule": "0101", "reward": 1.0}) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{log} {fragment}")):
+        EvaluationLog(log)
+
+
+def test_a_missing_dataset_names_the_root_and_how_to_make_it_not_a_download(tmp_path, monkeypatch):
+    from morca_env.dataset_integrity import load_dataset
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as caught:
+        load_dataset("nope/none-v0")
+    message = str(caught.value)
+    assert f"dataset 'nope/none-v0' is not in the local Minari root {tmp_path}" in message
+    assert "morca collect <recipe.json>" in message and "download" not in message

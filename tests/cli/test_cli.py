@@ -44,3 +44,36 @@ def test_no_script_duplicates_a_morca_command():
     assert not wrappers and set(commands.commands()) == EXPECTED
 
 
+
+
+def test_a_refused_collection_is_one_line_without_a_traceback_unless_debug(tmp_path, monkeypatch, capsys):
+    """A concurrent writer (the lock held here) is the package's own error: one line on stderr and exit 1."""
+    from morca_env.data import CollectionRecipe, staging_root
+    from morca_env.io import exclusive_lock
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MORCA_DEBUG", raising=False)
+    recipe = Path(__file__).resolve().parents[2] / "datasets" / "morca" / "tiny" / "random-v0.json"
+    dataset_id = CollectionRecipe.from_file(recipe).dataset_id
+    with exclusive_lock(staging_root() / f"{dataset_id}.lock", "test"):
+        assert commands.main(["collect", str(recipe), "--episodes", "1"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith(f"morca collect: dataset {dataset_id!r} is being written by "
+                                                       "another process")
+        with pytest.raises(RuntimeError, match="is being written by another process"):
+            commands.main(["collect", str(recipe), "--episodes", "1", "--debug"])
+
+
+def test_a_bug_keeps_its_traceback_and_is_called_one(monkeypatch, capsys):
+    class Point:
+        name = "cache"
+
+        def load(self):
+            return lambda argv: {}["missing"]
+
+    monkeypatch.setattr(commands, "commands", lambda: {"cache": Point()})
+    assert commands.main(["cache"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "morca cache: unexpected KeyError: 'missing' (a bug in morca" in err
