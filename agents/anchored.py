@@ -32,7 +32,7 @@ import torch
 from d3rlpy.dataset import Episode
 
 from morca_env.budget import BudgetSpec
-from morca_env.observation import MASK_INDEX, NUM_SCALARS, as_tuple
+from morca_env.observation import MASK_INDEX, NUM_SCALARS, as_tuple, check_observation_shapes
 from morca_env.schedulers.anchored import FollowBaseline, baseline_actions
 from morca_env.schedulers.base import feasible, step_index
 from morca_env.schedulers.fixed import StaticSchedule
@@ -187,6 +187,9 @@ class AnchoredPolicy:
         if self.reads_latents and not np.any(obs["pooled"]):
             raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
                              "the env was made with latent_features=False; use latent_features=True")
+        if not self._plays_baseline:  # the baseline itself reads no network
+            check_observation_shapes(self.algo.impl.observation_shape, obs, getattr(self, "source", "this scheduler"),
+                                     extra_scalars=1)
 
     @property
     def record(self) -> EpisodeRecord:
@@ -266,11 +269,37 @@ def load_anchored(path, margin: float | None = None, device: str = "cpu", determ
     if anchor is None:
         raise ValueError(f"checkpoint {path} is not anchored (its training record has no {ANCHOR!r}): load it with "
                          "MorcaPolicy.load")
-    chosen = anchor.get("margin")
-    margin = (NEVER if chosen is None else float(chosen)) if margin is None else float(margin)
+    chosen, baseline = _checked_record(path, anchor)
+    margin = (NEVER if chosen is None else chosen) if margin is None else float(margin)
     # another step count is refused by the baseline's plan, naming both (StaticSchedule.plan)
-    return AnchoredPolicy(load_learnable(path, device=device), baseline_of(anchor["baseline"]), margin,
-                          deterministic)
+    policy = AnchoredPolicy(load_learnable(path, device=device), baseline, margin, deterministic)
+    policy.source = f"checkpoint {path}"
+    return policy
+
+
+def _checked_record(path, anchor) -> tuple[float | None, StaticSchedule]:
+    """(margin, baseline) of an anchored record, or an error naming the file and the field: a header is data that
+    anyone can edit, and a crafted one must not reach the scheduler as a raw `KeyError` or a NaN margin."""
+    from .checkpoint import CheckpointError
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path}: its anchored record {what}; train or anchor it again")
+
+    if not isinstance(anchor, dict):
+        raise bad(f"is a {type(anchor).__name__}, expected an object with 'baseline' and 'margin'")
+    chosen = anchor.get("margin")
+    if chosen is not None and (isinstance(chosen, bool) or not isinstance(chosen, (int, float))
+                               or not np.isfinite(chosen) or chosen < 0):
+        raise bad(f"has margin={chosen!r}; valid: a finite number of dB >= 0, or null (always the baseline)")
+    record = anchor.get("baseline")
+    schedules = record.get("schedules") if isinstance(record, dict) else None
+    if not isinstance(schedules, dict) or not schedules:
+        raise bad("has no baseline schedules (expected 'baseline': {'schedules': {K: [0/1 per step]}})")
+    try:
+        baseline = baseline_of(record)
+    except (TypeError, ValueError, AttributeError) as error:
+        raise bad(f"has a malformed baseline: {error}") from None
+    return (None if chosen is None else float(chosen)), baseline
 
 
 def with_margin(path, out, margin: float, selection: dict, baseline: StaticSchedule | None = None) -> Path:

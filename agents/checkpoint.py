@@ -233,11 +233,27 @@ def _read_verified(path: Path) -> SafeCheckpoint:
     try:
         return SafeCheckpoint(_decode(json.loads(header["state"]), tensors), header["scheduler"],
                               json.loads(header["config"]), json.loads(header["training"]))
-    except (KeyError, ValueError, TypeError) as error:
-        raise CheckpointError(f"checkpoint {path} has a malformed header: {type(error).__name__}: {error}") from error
+    except (KeyError, ValueError, TypeError, RecursionError) as error:  # a crafted header nests JSON past the stack
+        raise CheckpointError(f"checkpoint {path} has a malformed header: {type(error).__name__}: "
+                              f"{str(error)[:200]}") from error
 
 
-def untrusted_error(path) -> UntrustedCheckpointError:
+def untrusted_error(path) -> CheckpointError:
+    """Why a file that is not a safe checkpoint cannot be read: a damaged or foreign file is named as such (calling
+    it a pickle would send its owner to `trusted=True` for a file that no loader can read)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    size = Path(path).stat().st_size
+    if size == 0:
+        return CheckpointError(f"checkpoint {path} is empty (0 bytes): an interrupted copy or save; restore it or "
+                               "train again")
+    if len(head) == 9 and head[8:9] == b"{":
+        claimed = int.from_bytes(head[:8], "little")
+        return CheckpointError(f"checkpoint {path} is a damaged safetensors file: its header claims {claimed} bytes "
+                               f"and the file has {size} (truncated or overwritten); restore it or train again")
+    if not (head[:1] == b"\x80" or head[:2] == b"PK"):  # pickle protocol 2+, or torch.save's zip
+        return CheckpointError(f"checkpoint {path} is neither a safetensors checkpoint nor a pickle (it starts with "
+                               f"{head[:8]!r}); give a .safetensors file written by morca")
     return UntrustedCheckpointError(
         f"checkpoint {path} is a pickle (d3rlpy .d3 or torch .pt), and unpickling runs any code its author put in "
         "it; a checksum proves it intact, not safe. If you trust its source, convert it once to the safe format "

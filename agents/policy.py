@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from morca_env.observation import OBS_KEYS, Scalar, as_flat, as_tuple, is_flat_shape  # noqa: F401 (OBS_KEYS re-exported)
+from morca_env.observation import check_observation_shapes
 from morca_env.schedulers import checkpoint_paths, register
 
 
@@ -76,7 +77,9 @@ class MorcaPolicy:
         algo = load_learnable(path, device=device, trusted=trusted)
         training = json.loads(read_header(path)["training"]) if is_safe_format(path) else None  # legacy: no record
         steps = training.get("num_steps") if isinstance(training, dict) else None
-        return cls(algo, deterministic, pace, steps)
+        policy = cls(algo, deterministic, pace, steps)
+        policy.source = f"checkpoint {path}"
+        return policy
 
     def reset(self, obs, info) -> None:
         steps = info.get("num_steps")
@@ -89,6 +92,8 @@ class MorcaPolicy:
         if self.reads_latents and not np.any(obs["pooled"]):
             raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
                              "the env was made with latent_features=False; use latent_features=True")
+        check_observation_shapes(getattr(self.algo.impl, "observation_shape", None), obs,
+                                 getattr(self, "source", "this scheduler"))
 
     @torch.no_grad()
     def logits(self, obs) -> torch.Tensor:

@@ -283,3 +283,22 @@ class BatchObservationBuilder:
                 self._last = type(self._current)(*(torch.where(rows, c, l) for c, l in zip(self._current, self._last)))
         self.last_recompute = np.where(recomputed, step, self.last_recompute)
         self.used = self.used + actions.astype(np.int64)
+
+
+def check_observation_shapes(network_shape, obs: dict, source: str, extra_scalars: int = 0) -> None:
+    """Refuse, before the first step, an observation whose shapes differ from what the network was trained on
+    (another model, resolution or frame count): otherwise the first step fails inside a matmul, naming nothing.
+    `extra_scalars`: what the scheduler appends to the env's scalars (the anchored state adds one)."""
+    if network_shape is None:
+        return
+    if is_flat_shape(network_shape):
+        flat = as_flat({k: np.asarray(v)[None] for k, v in obs.items()})
+        expected, got = tuple(network_shape), (flat.shape[1] + extra_scalars,)
+    else:
+        expected = tuple(tuple(int(n) for n in shape) for shape in network_shape)
+        pooled, temporal, scalars, mask = as_tuple(obs)
+        got = (pooled.shape, temporal.shape, (scalars.shape[0] + extra_scalars,), mask.shape)
+    if got != expected:
+        raise ValueError(f"{source} was trained on observations of shapes {list(expected)} and this env gives "
+                         f"{list(got)} (another model, resolution or frame count): play it on the env it was "
+                         "trained on, or train one for this env")

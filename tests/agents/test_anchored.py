@@ -3,6 +3,7 @@ critic-gated switch and its margin chosen on validation episodes."""
 
 import json
 import math
+import re
 
 import d3rlpy
 import gymnasium as gym
@@ -412,3 +413,20 @@ def test_the_gain_is_the_twin_critics_minimum_of_leaving_minus_that_of_following
     assert policy.gain(obs, proposed) == pytest.approx(expected, abs=1e-6)
     # the case discriminates: one critic alone (or their mean) would give another gain
     assert not np.isclose(float((q[:, 1] - q[:, 0]).mean()), expected)
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ([1, 2], "its anchored record is a list, expected an object"),
+    ({"margin": None}, "has no baseline schedules"),
+    ({"baseline": {"schedules": {"3": [0, 1]}}, "margin": float("nan")}, "has margin=nan; valid: a finite number"),
+    ({"baseline": {"schedules": {"3": [0, 1]}}, "margin": -1}, "has margin=-1; valid"),
+    ({"baseline": {"schedules": {"x": [0, 1]}}, "margin": 0.1}, "has a malformed baseline"),
+])
+def test_a_crafted_anchored_record_is_refused_by_name(tmp_path, record, fragment):
+    from agents.anchored import load_anchored
+    from agents.checkpoint import CheckpointError, save_learnable
+
+    path = save_learnable(scalar_algo(), tmp_path / "crafted.safetensors", {anchored.ANCHOR: record})
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path}: its anchored record")) as caught:
+        load_anchored(path)
+    assert fragment in str(caught.value)

@@ -7,6 +7,7 @@ file name. Legacy pickles (d3rlpy `.d3`, torch `.pt`) load only when trusted, so
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -358,3 +359,43 @@ def test_a_morca_checkpoint_loaded_as_reinforce_is_named(iql_checkpoint):
     """It raised KeyError: 'channels'."""
     with pytest.raises(CheckpointError, match=r"is not a REINFORCE checkpoint .* make_scheduler\('morca'"):
         ReinforcePolicy.load(iql_checkpoint)
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda data: b"", "is empty (0 bytes)"),
+    (lambda data: (10**9).to_bytes(8, "little") + data[8:], "is a damaged safetensors file: its header claims "
+                                                             "1000000000 bytes"),
+    (lambda data: b"hello world, not a checkpoint", "is neither a safetensors checkpoint nor a pickle"),
+])
+def test_a_damaged_or_foreign_file_is_not_called_a_pickle(tmp_path, damage, fragment):
+    path = save_state({"w": torch.ones(3)}, tmp_path / "c.safetensors", "reinforce")
+    path.write_bytes(damage(path.read_bytes()))
+    write_checksum(path)  # intact as far as its sidecar knows: what is refused is the content
+    with pytest.raises(CheckpointError, match=re.escape(fragment)) as caught:
+        load_state(path)
+    assert not isinstance(caught.value, UntrustedCheckpointError) and "trusted=True" not in str(caught.value)
+
+
+def test_a_header_nested_past_the_stack_is_a_malformed_header_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_state({"w": torch.ones(3)}, tmp_path / "c.safetensors", "reinforce")
+    header = read_header(path)
+    header["state"] = "[" * 100_000 + "]" * 100_000
+    save_file(load_file(str(path)), str(path), metadata=header)
+    write_checksum(path)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} has a malformed header: RecursionError"):
+        load_state(path)
+
+
+def test_a_checkpoint_for_other_observation_shapes_is_refused_before_the_first_step(iql_checkpoint):
+    policy = MorcaPolicy.load(iql_checkpoint)
+    shapes = [tuple(s) for s in policy.algo.impl.observation_shape]
+    obs = {"pooled": np.ones((shapes[0][0], shapes[0][1], 4, 4), np.float32),  # another resolution
+           "temporal": np.ones(shapes[1], np.float32), "scalars": np.zeros(shapes[2], np.float32),
+           "action_mask": np.ones(2, np.int8)}
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {iql_checkpoint} was trained on observations of "
+                                                   "shapes")):
+        policy.reset(obs, {"budget": 3, "num_steps": 10})
+    obs["pooled"] = np.ones(shapes[0], np.float32)
+    policy.reset(obs, {"budget": 3, "num_steps": 10})  # its own shapes: accepted
