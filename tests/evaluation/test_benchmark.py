@@ -49,6 +49,12 @@ def test_the_references_score_0_and_100_and_every_method_plays_their_k(setup):
         rand = refs["targets"][f"{target:g}"]["random"]["mean_psnr"]
         assert s.normalized == pytest.approx(100 * (s.psnr - rand) / (best.mean() - rand))
     assert "| 2x |" in greedy.table() and "greedy on MorcaTinyRandom-v0" in greedy.table()
+    # always-reuse is overridden wherever the budget runs out: the table says how often, per episode
+    for target, s in greedy.scores.items():
+        overridden = np.mean([r["projected"] for r in by_target[target]])
+        assert overridden > 0 and s.projected_per_episode == pytest.approx(overridden)
+        assert f"| {overridden:.1f} |" in greedy.table().splitlines()[4 + list(greedy.scores).index(target)]
+    assert all(s.projected_per_episode == 0 for s in uniform.scores.values())
 
 
 def test_stale_references_and_an_unbounded_env_are_refused(setup, tmp_path):
@@ -143,3 +149,37 @@ def test_a_batched_env_scores_the_same_episodes(setup, tmp_path):
             assert (a["target"], a["index"], a["k"], a["schedule"]) == (b["target"], b["index"], b["k"], b["schedule"])
             assert abs(a["psnr"] - b["psnr"]) < 1e-2  # uint8 levels flipped by rounding (test_vector_env.REWARD_DB)
     batched.close()
+
+
+@pytest.mark.parametrize("env_id", ["MorcaTiny-v0", "MorcaScenes-v0", "MorcaTinyRandom-v0"])
+def test_the_training_env_draws_from_a_fixed_pool_so_references_are_reused(env_id, tmp_path):
+    suite = benchmark.suite_of(env_id)
+    pool = set(get_suite(suite.train_pool).pairs())
+    assert 200 <= len(pool) and not {p for p, _ in pool} & {p for p, _ in suite.pairs()}  # spread, and held apart
+    if env_id != "MorcaTinyRandom-v0":
+        return  # the pools of the real testbeds: what is drawn is checked on the test model below
+    env = benchmark.training_env(env_id, reference_cache_dir=str(tmp_path))
+    drawn = []
+    for seed in range(5):
+        _, info = env.reset(seed=seed)
+        drawn.append((info["prompt"], info["seed"]))
+    assert set(drawn) <= pool
+    _, info = env.reset(options={"prompt": drawn[0][0], "seed": drawn[0][1]})
+    assert not info["reference_generated"]  # the redrawn pair's reference came from the cache
+    assert len([f for f in tmp_path.rglob("*") if f.is_file()]) <= len(set(drawn))  # one reference per pair
+
+
+def test_an_sb3_model_trained_on_flatten_observation_is_scored_with_the_env_flattened_alike(setup):
+    sb3 = pytest.importorskip("stable_baselines3")  # an extra (`[sb3]`): skipped in the core CI venv
+    env, _ = setup
+    flat_env = gym.wrappers.FlattenObservation(benchmark.training_env(TEST_ENV))
+    model = sb3.DQN("MlpPolicy", flat_env, learning_starts=0, buffer_size=100, seed=0, device="cpu")
+    seen = []
+    predict = model.predict
+    model.predict = lambda x, **kw: (seen.append(np.asarray(x).shape), predict(x, **kw))[1]
+    result = benchmark.evaluate(model, TEST_ENV, env=env, targets=(2.0,), references=None, progress=False)
+    assert seen and set(seen) == {flat_env.observation_space.shape} and len(result.rows) == 4
+    obs, _ = env.reset(seed=0)
+    assert np.array_equal(gym.spaces.flatten(env.observation_space, obs),
+                          benchmark.as_flat({k: v[None] for k, v in obs.items()})[0])  # FlattenObservation's order
+
