@@ -400,8 +400,8 @@ def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tm
 
 
 @pytest.mark.parametrize("config", ["DiscreteCQLConfig", "DiscreteBCConfig"])
-def test_round2_item6_any_fitted_discrete_d3rlpy_algorithm_schedules_through_morca_policy(config, tmp_path, monkeypatch):
-    """Issue 37.6: d3rlpy's own algorithms raise NotImplementedError for `impl.policy`, which made MorcaPolicy's
+def test_any_fitted_discrete_d3rlpy_algorithm_schedules_through_morca_policy(config, tmp_path, monkeypatch):
+    """D3rlpy's own algorithms raise NotImplementedError for `impl.policy`, which made MorcaPolicy's
     foreign-algorithm path dead code. Trained on the default (flat) buffer, each now plays feasible, exact-K
     episodes through its public predict()."""
     import gymnasium as gym
@@ -427,7 +427,7 @@ def test_round2_item6_any_fitted_discrete_d3rlpy_algorithm_schedules_through_mor
 
 
 def test_a_learned_scheduler_drives_a_batched_accelerate_call_as_separate_calls():
-    """Issue 35: `accelerate` with 4 prompts (and with num_videos_per_prompt=2) equals the separate calls for a
+    """`accelerate` with 4 prompts (and with num_videos_per_prompt=2) equals the separate calls for a
     learned scheduler too: each video gets its own copy of the policy, its own K and its own decisions."""
     import morca_env
     from tests.conftest import make_pipe, prompt_embeds

@@ -1,6 +1,6 @@
 """Every argument a user passes, given a bad value: a clear error that names the value and what is valid.
 
-One row per (argument, bad value, expected message fragment); items 6, 7, 13 and 14 of issue 17 are rows here.
+One row per (argument, bad value, expected message fragment).
 """
 
 import importlib
@@ -34,24 +34,24 @@ ENV_ROWS = [  # MorcaEnv("tiny", **{argument: value}), checked at construction
     ("prompts", "nosuchsuite", "unknown prompt suite 'nosuchsuite'; valid suites: vbench-train"),
     ("prompts", [], "prompts=[] must be a suite name (vbench-train"),
     ("prompts", 5, "prompts=5 must be a suite name"),
-    ("prompts", "tiny-eval:99999", "prompts='tiny-eval:99999': suite 'tiny-eval' has"),  # round 2, item 9
+    ("prompts", "tiny-eval:99999", "prompts='tiny-eval:99999': suite 'tiny-eval' has"),
     ("num_inference_steps", 0, "num_inference_steps=0 must be a positive integer"),
     ("num_inference_steps", 2.5, "num_inference_steps=2.5 must be a positive integer"),
     ("num_inference_steps", 2, "num_inference_steps=2 leaves no step that may reuse the cache (steps [0, 1] always "
-                               "recompute); valid: >= 3"),  # item 6
+                               "recompute); valid: >= 3"),
     ("num_inference_steps", 3, "num_inference_steps=3: the default speedup range (1.5, 3.5) is outside the feasible "
-                               "range [1.00, 1."),  # item 6
-    ("height", 17, "height=17 must be a positive multiple of 2 for this model"),  # item 7
+                               "range [1.00, 1."),
+    ("height", 17, "height=17 must be a positive multiple of 2 for this model"),
     ("height", 0, "height=0 must be a positive integer"),
-    ("width", 15, "width=15 must be a positive multiple of 2 for this model"),  # item 7
+    ("width", 15, "width=15 must be a positive multiple of 2 for this model"),
     ("num_frames", 3, "num_frames=3 does not fit this model (VAE temporal factor 1, temporal patch 2); valid: 2, 4, 6, "
-                      "8, ..."),  # item 7
+                      "8, ..."),
     ("guidance_scale", -1, "guidance_scale=-1 must be a non-negative number"),
     ("guidance_scale_2", -2, "guidance_scale_2=-2 must be a non-negative number"),
     ("negative_prompt", 5, "negative_prompt=5 must be a string"),
     ("r_max", 0, "r_max=0 must be a positive finite number of dB"),
     ("r_max", float("inf"), "r_max=inf must be a positive finite number of dB"),
-    ("device", "gpu", "device='gpu' is not a torch device; valid: 'cpu', 'cuda', 'cuda:<index>'"),  # item 14
+    ("device", "gpu", "device='gpu' is not a torch device; valid: 'cpu', 'cuda', 'cuda:<index>'"),
     ("dtype", "float64", "dtype='float64'; valid: float32, float16, bfloat16"),
     ("dtype", torch.int8, "dtype=torch.int8; valid: float32, float16, bfloat16"),
     ("pipeline", object(), "pipeline must be a diffusers WanPipeline, got object"),
@@ -82,7 +82,7 @@ def test_env_argument(argument, value, fragment, tmp_path):
 
 RESET_ROWS = [  # env.reset(options={...}) on MorcaTiny with 10 steps
     ({"seed": -1}, "options['seed']=-1 must be an integer in [0, 2**63 - 1]"),
-    ({"seed": 2**64}, "options['seed']=18446744073709551616 must be an integer in [0, 2**63 - 1]"),  # item 13
+    ({"seed": 2**64}, "options['seed']=18446744073709551616 must be an integer in [0, 2**63 - 1]"),
     ({"seed": 1.5}, "options['seed']=1.5 must be an integer in [0, 2**63 - 1]"),
     ({"prompt": ""}, "options['prompt']='' must be a non-empty string"),
     ({"prompt": 5}, "options['prompt']=5 must be a non-empty string"),
@@ -92,8 +92,8 @@ RESET_ROWS = [  # env.reset(options={...}) on MorcaTiny with 10 steps
     ({"budget": 2, "speedup": 2}, "reset options take speedup or budget, not both"),
     ({"scheduler_cost_s": -1}, "scheduler_cost_s=-1 must be a finite number >= 0"),
     ({"foo": 1}, "unknown reset options ['foo']; valid: prompt, seed, speedup, budget, scheduler_cost_s"),
-    ("prompt", "options='prompt' must be a dict (or None)"),  # round 2, item 8
-    ([], "options=[] must be a dict (or None)"),  # round 2, item 9: was taken as {}
+    ("prompt", "options='prompt' must be a dict (or None)"),
+    ([], "options=[] must be a dict (or None)"),  # was taken as {}
 ]
 STEP_ROWS = [2, -1, 0.5, "1", None, True, np.array([0, 1])]
 
@@ -120,10 +120,10 @@ def test_step_action(env, action):
 ACCELERATE_ROWS = [  # morca_env.accelerate(pipe, policy, **kwargs) on a tiny Wan2.1 pipeline with 6 steps
     ({"speedup": 99, "calibration": "wan21"}, "speedup=99 is outside the feasible range [1.00, "),
     ({"speedup": "3", "calibration": "wan21"}, "speedup='3' must be a number in [1.00, "),
-    ({"speedup": 2}, "no speedup calibration is known for this pipeline's transformer"),  # round 2, item 5
+    ({"speedup": 2}, "no speedup calibration is known for this pipeline's transformer"),
     ({"speedup": 2, "calibration": "wan21", "scheduler_cost_s": 100.0},
-     "scheduler_cost_s=100.0: a scheduler this slow"),  # round 2, item 8: was "range [1.00, 0.00]"
-    ({"budget": 1, "policy": UniformInterval}, "policy=UniformInterval is a class: pass an instance"),  # item 8
+     "scheduler_cost_s=100.0: a scheduler this slow"),  # was "range [1.00, 0.00]"
+    ({"budget": 1, "policy": UniformInterval}, "policy=UniformInterval is a class: pass an instance"),
     ({"budget": 99}, "budget K=99 is outside the feasible range [0, 4]"),
     ({"budget": 1.5}, "budget=1.5 must be an integer number of reuse steps in [0, 4]"),
     ({"speedup": 2, "budget": 2}, "pass exactly one of speedup or budget (got speedup=2, budget=2)"),
@@ -215,7 +215,7 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
     (["quickstart", "--episodes", "-4"], "argument --episodes: '-4' is not a positive integer"),
     (["quickstart", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
-    (["quickstart", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),  # round 2, item 9
+    (["quickstart", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
     (["quickstart", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
     (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
     (["dataset-report", "morca/tiny/x-v0", "--plot", "k.txt"], "--plot k.txt: '.txt' is not an image format; valid:"),
@@ -261,7 +261,7 @@ def test_script_argument(args, fragment, capsys, monkeypatch, tmp_path):
     assert fragment in capsys.readouterr().err
 
 
-def test_round2_item8_9_api_values_that_used_to_give_raw_errors_or_pass_silently(tmp_path):
+def test_api_values_that_used_to_give_raw_errors_or_pass_silently(tmp_path):
     from agents.checkpoint import verify
     from agents.offline import OfflineConfig
     from morca_env.evaluation.episodes import make_envs
@@ -282,14 +282,14 @@ def test_round2_item8_9_api_values_that_used_to_give_raw_errors_or_pass_silently
     assert sum(result.schedule) == 2 and len(result.schedule) == 6
 
 
-def test_round2_item8_a_mixture_component_without_a_name_is_named():
+def test_a_mixture_component_without_a_name_is_named():
     from morca_env import schedulers
 
     with pytest.raises(ValueError, match=r"mixture component \{'weight': 1\} must be an object with a scheduler"):
         schedulers.make("mixture", components=[{"weight": 1}])
 
 
-def test_round2_item8_malformed_files_and_options_are_named(tmp_path):
+def test_malformed_files_and_options_are_named(tmp_path):
     """Corrupt calibration / threshold map / schedules files and bad scheduler options: errors naming the file,
     the entry and what is valid (they gave raw JSONDecodeError, TypeError, KeyError or numpy errors)."""
     from morca_env import schedulers
@@ -322,7 +322,7 @@ def test_round2_item8_malformed_files_and_options_are_named(tmp_path):
         schedulers.make("seacache-exact", iterations=0)
 
 
-def test_round2_item8_an_output_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
+def test_an_output_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
     import tempfile
 
     from morca_env.io import writable_directory
@@ -345,7 +345,7 @@ def test_round2_item8_an_output_that_is_a_file_or_read_only_is_named(tmp_path, m
         writable_directory(tmp_path, "run directory")
 
 
-def test_round2_item9_a_prompt_the_text_encoder_truncates_warns_once():
+def test_a_prompt_the_text_encoder_truncates_warns_once():
     import warnings
 
     from morca_env.denoiser import warn_if_truncated
@@ -364,7 +364,7 @@ def test_round2_item9_a_prompt_the_text_encoder_truncates_warns_once():
         warn_if_truncated(pipe, "a short prompt", 16)
 
 
-def test_round2_item8_a_second_search_into_one_output_is_refused_naming_the_holder(tmp_path):
+def test_a_second_search_into_one_output_is_refused_naming_the_holder(tmp_path):
     import os
 
     from morca_env.io import exclusive_lock

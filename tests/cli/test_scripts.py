@@ -178,7 +178,7 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     assert "searched - uniform at 1.8x" in (out / "table.md").read_text()
 
 
-def test_item19_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
+def test_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
     from morca_env.evaluation import plots, tables
 
     rows = [{"method": m, "target": 2.5, "prompt_index": 0, "schedule": s, "num_reuse": sum(s), "psnr": 30.0,
@@ -197,7 +197,7 @@ def test_item19_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_a
     assert (latency, stock) == (0.224, 0.566) and speedup == pytest.approx(stock / latency, abs=0.01)
 
 
-def test_item19_calibration_table_explains_a_speedup_below_one_at_k0():
+def test_calibration_table_explains_a_speedup_below_one_at_k0():
     from morca_env.budget import SpeedupCalibration
     from morca_env.calibrate import CalibrationMeasurement
 
@@ -224,8 +224,8 @@ def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
     assert out.returncode != 0 and "other arguments" not in out.stderr
 
 
-def test_round2_item4_a_resume_with_changed_hyperparameters_is_refused_and_args_json_tells_the_truth(tmp_path):
-    """Issue 37.4: --resume with another --lr / --features kept the checkpoint's network and rewrote args.json to
+def test_a_resume_with_changed_hyperparameters_is_refused_and_args_json_tells_the_truth(tmp_path):
+    """--resume with another --lr / --features kept the checkpoint's network and rewrote args.json to
     claim the new values. Now it is refused, naming each change; extending the run (--epochs) is allowed."""
     from agents.commands.train import parse_args
     from morca_env.cli import record_run_arguments

@@ -103,8 +103,8 @@ def test_wan_structure_is_the_same_for_the_denoiser_and_accelerate(wan22_pipe):
     assert wan_structure.branches(5.0) == ("cond", "uncond") and wan_structure.branches(1.0) == ("cond",)
 
 
-def test_round2_item5_the_calibration_follows_the_pipelines_model(monkeypatch):
-    """Issue 37.5: accelerate() used Wan2.1's curve whatever the pipeline was (K=5 instead of 6 on MorcaTiny at
+def test_the_calibration_follows_the_pipelines_model(monkeypatch):
+    """Accelerate() used Wan2.1's curve whatever the pipeline was (K=5 instead of 6 on MorcaTiny at
     2x); now the transformer's config names the model, and an unknown architecture is refused."""
     from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Issue 17, collection: behaviour names, dataset ids, worker errors, orphans, replay-buffer defaults."""
+"""Collection: behaviour names, dataset ids, worker errors, orphans, replay-buffer defaults."""
 
 import json
 import os
@@ -29,7 +29,7 @@ def collect(dataset_id, n, behavior="random", **kwargs):
                            progress=False, **kwargs)
 
 
-def test_item9_a_behaviour_name_string_works_in_the_api_and_the_cli(roots):
+def test_a_behaviour_name_string_works_in_the_api_and_the_cli(roots):
     assert collect("test/tiny/name-v0", 1, behavior="uniform").total_episodes == 1
     recipe = roots / "recipe.json"
     recipe.write_text(json.dumps({"dataset_id": "test/tiny/cli-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 1,
@@ -40,7 +40,7 @@ def test_item9_a_behaviour_name_string_works_in_the_api_and_the_cli(roots):
     assert "dataset test/tiny/cli-v0: 1 episodes" in out.stdout
 
 
-def test_item10_a_bad_dataset_id_is_refused_before_collecting_and_no_build_dir_is_left(roots, monkeypatch):
+def test_a_bad_dataset_id_is_refused_before_collecting_and_no_build_dir_is_left(roots, monkeypatch):
     with pytest.raises(ValueError, match="dataset_id='test/tiny/noversion' is not a Minari dataset id"):
         collect("test/tiny/noversion", 2)
     assert not (roots / "cache" / "collect").exists()
@@ -53,7 +53,7 @@ def test_item10_a_bad_dataset_id_is_refused_before_collecting_and_no_build_dir_i
     assert collect("test/tiny/build-v0", 2).total_episodes == 2  # the staged episodes are used
 
 
-def test_item12_a_workers_own_error_reaches_the_user(roots, monkeypatch):
+def test_a_workers_own_error_reaches_the_user(roots, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("the behaviour exploded at step 3")
 
@@ -62,7 +62,7 @@ def test_item12_a_workers_own_error_reaches_the_user(roots, monkeypatch):
         collect("test/tiny/workers-v0", 4, workers=2)
 
 
-def test_item18_a_corrected_behaviour_name_reruns_under_the_same_id(roots):
+def test_a_corrected_behaviour_name_reruns_under_the_same_id(roots):
     with pytest.raises(ValueError, match="behavior=.*'randm'.*valid: .*random, .*threshold-curve"):
         collect("test/tiny/typo-v0", 1, behavior={"name": "randm"})
     assert collect("test/tiny/typo-v0", 1, behavior={"name": "random"}).total_episodes == 1
@@ -89,7 +89,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_item15_workers_exit_when_the_collecting_parent_is_killed(roots):
+def test_workers_exit_when_the_collecting_parent_is_killed(roots):
     code = ("from morca_env.data import collect_dataset\n"
             f"collect_dataset('test/tiny/orphan-v0', 'MorcaTinyRandom-v0', 400, env_kwargs={ENV_KWARGS!r}, "
             "behavior='random', workers=2, progress=False)\n")
@@ -112,7 +112,7 @@ def test_item15_workers_exit_when_the_collecting_parent_is_killed(roots):
     assert not survivors, "collection workers outlived their parent"
 
 
-def test_item16_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(roots):
+def test_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(roots):
     import d3rlpy
 
     from agents.iql import DiscreteIQLConfig
@@ -127,8 +127,8 @@ def test_item16_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(root
     assert iql.grad_step == 2
 
 
-def test_round2_item2_two_collections_of_one_id_never_mix(roots):
-    """Issue 37.2: a second collection of an id that is being collected fails at once, naming the first one's pid;
+def test_two_collections_of_one_id_never_mix(roots):
+    """A second collection of an id that is being collected fails at once, naming the first one's pid;
     the dataset then holds the first run's episodes only."""
     code = (f"from morca_env.data import collect_dataset\n"
             f"collect_dataset('test/tiny/shared-v0', 'MorcaTinyRandom-v0', 150, env_kwargs={ENV_KWARGS!r}, "
@@ -153,8 +153,8 @@ def test_round2_item2_two_collections_of_one_id_never_mix(roots):
     assert dataset.total_episodes == 150
 
 
-def test_round2_item10_a_killed_build_leaves_nothing_behind_and_never_loses_the_old_dataset(roots):
-    """Issue 37.10: build directories and a dataset moved aside by a rebuild killed midway are cleaned up (or put
+def test_a_killed_build_leaves_nothing_behind_and_never_loses_the_old_dataset(roots):
+    """Build directories and a dataset moved aside by a rebuild killed midway are cleaned up (or put
     back) by the next run on that id."""
     import minari
 
@@ -187,8 +187,8 @@ def _flip_one_value(path, dataset_path: str, index: int = 0):
 
 
 @pytest.mark.parametrize("where", ["rewards", "actions", "observations/scalars"])
-def test_round2_item3_a_changed_value_anywhere_in_an_episode_is_caught_naming_file_and_episode(roots, where):
-    """Issue 37.3: one flipped reward loaded silently (16.75 -> 4.19). Every loader of ours now checks each
+def test_a_changed_value_anywhere_in_an_episode_is_caught_naming_file_and_episode(roots, where):
+    """One flipped reward loaded silently (16.75 -> 4.19). Every loader of ours now checks each
     episode against the checksum recorded at build time."""
     import minari
 
@@ -212,7 +212,7 @@ def test_round2_item3_a_changed_value_anywhere_in_an_episode_is_caught_naming_fi
     assert commands.main(["verify-dataset", "test/tiny/sums-v0"]) == 1  # a plain minari user's check
 
 
-def test_round2_item3_a_damaged_staged_episode_is_collected_again(roots, caplog):
+def test_a_damaged_staged_episode_is_collected_again(roots, caplog):
     collect("test/tiny/staged-v0", 3, behavior="uniform")
     staged = staging_root() / "test" / "tiny" / "staged-v0" / "episodes" / "ep_000001.npz"
     good = data.read_episode(staged)
@@ -227,7 +227,7 @@ def test_round2_item3_a_damaged_staged_episode_is_collected_again(roots, caplog)
     assert all((again["observations"][k] == v).all() for k, v in good["observations"].items())
 
 
-def test_round2_item8_9_replay_buffer_inputs_are_checked(roots):
+def test_replay_buffer_inputs_are_checked(roots):
     collect("test/tiny/inputs-v0", 2, behavior="uniform")
     assert to_replay_buffer("test/tiny/inputs-v0").size() == 2  # an id works as the dataset
     with pytest.raises(ValueError, match=r"episode_indices: \[99\] out of range; valid: distinct indices in \[0, 1\]"):

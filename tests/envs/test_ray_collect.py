@@ -1,4 +1,4 @@
-"""Issue 16, Ray: collection through a local Ray runtime equals the multiprocessing path, survives a killed worker.
+"""Ray: collection through a local Ray runtime equals the multiprocessing path, survives a killed worker.
 
 The Ray tests share one local runtime (2 CPUs) started by a module fixture: a runtime
 start costs ~10 s and each actor ~5-20 s of imports on the 2-core CI machine, so the

@@ -1,4 +1,4 @@
-"""Issue 17: silent wrong results, failed resets and stored files (one test per item, numbered as in the issue)."""
+"""Silent wrong results, failed resets and stored files."""
 
 import json
 import os
@@ -30,7 +30,7 @@ def run_episode(env, **options):
     return info
 
 
-def test_item0_speedup_never_uses_the_latency_stored_with_a_cached_reference(tmp_path):
+def test_speedup_never_uses_the_latency_stored_with_a_cached_reference(tmp_path):
     env = tiny(tmp_path, budget=4)
     first = run_episode(env, seed=3, prompt="a red circle")
     fields = env.unwrapped._reference_fields()
@@ -41,7 +41,7 @@ def test_item0_speedup_never_uses_the_latency_stored_with_a_cached_reference(tmp
     assert first["reference_latency_s"] < 100
 
 
-def test_item2_every_byte_of_a_reference_file_is_covered_by_its_checksum(tmp_path):
+def test_every_byte_of_a_reference_file_is_covered_by_its_checksum(tmp_path):
     cache = ReferenceCache(tmp_path)
     fields = {"prompt": "p", "seed": 1}
     video = torch.arange(24, dtype=torch.uint8).reshape(2, 2, 2, 3)
@@ -63,7 +63,7 @@ def test_item2_every_byte_of_a_reference_file_is_covered_by_its_checksum(tmp_pat
 
 
 @pytest.mark.parametrize("bad", [0.9, "1", True, 2, -1, np.array([0, 1])])
-def test_item3_accelerate_takes_exactly_the_actions_step_takes(bad):
+def test_accelerate_takes_exactly_the_actions_step_takes(bad):
     class Constant(UniformInterval):
         def __call__(self, obs):
             return bad
@@ -77,7 +77,7 @@ def test_item3_accelerate_takes_exactly_the_actions_step_takes(bad):
 
 
 @pytest.mark.parametrize("name", ["Tiny", "wan2.1"])
-def test_item4_a_mistyped_calibration_name_raises_listing_the_valid_ones(tmp_path, name):
+def test_a_mistyped_calibration_name_raises_listing_the_valid_ones(tmp_path, name):
     with pytest.raises(ValueError, match=f"calibration='{name}' is not a registered model; valid: scenes, tiny.*wan21, wan22"):
         tiny(tmp_path, calibration=name)
     pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
@@ -85,7 +85,7 @@ def test_item4_a_mistyped_calibration_name_raises_listing_the_valid_ones(tmp_pat
         morca_env.accelerate(pipe, UniformInterval(), speedup=2.0, calibration=name, num_inference_steps=6)
 
 
-def test_item5_a_failed_reset_leaves_the_env_needing_a_reset(tmp_path):
+def test_a_failed_reset_leaves_the_env_needing_a_reset(tmp_path):
     env = tiny(tmp_path, budget=4)
     obs, _ = env.reset(options={"seed": 1, "prompt": "a red circle"})
     env.step(0)
@@ -95,7 +95,7 @@ def test_item5_a_failed_reset_leaves_the_env_needing_a_reset(tmp_path):
         env.step(0)
 
 
-def test_item8_a_reset_failing_after_its_reference_leaves_no_half_episode(tmp_path, monkeypatch):
+def test_a_reset_failing_after_its_reference_leaves_no_half_episode(tmp_path, monkeypatch):
     env = tiny(tmp_path, budget=4)
     env.reset(options={"seed": 0})
     env.step(0)
@@ -107,7 +107,7 @@ def test_item8_a_reset_failing_after_its_reference_leaves_no_half_episode(tmp_pa
         env.step(0)
 
 
-def test_item8_an_unwritable_reference_dir_is_reported_and_episodes_still_run(tmp_path):
+def test_an_unwritable_reference_dir_is_reported_and_episodes_still_run(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.warns(UserWarning, match=f"reference_cache_dir {blocker / 'refs'} is not writable"):
@@ -117,7 +117,7 @@ def test_item8_an_unwritable_reference_dir_is_reported_and_episodes_still_run(tm
     assert info["num_reuse"] == 4 and np.isfinite(info["psnr"])
 
 
-def test_item20_written_files_get_the_usual_mode_not_0600(tmp_path):
+def test_written_files_get_the_usual_mode_not_0600(tmp_path):
     old = os.umask(0o022)
     try:
         atomic_write_text(tmp_path / "a.txt", "x")
@@ -126,7 +126,7 @@ def test_item20_written_files_get_the_usual_mode_not_0600(tmp_path):
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
 
 
-def test_item20_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_lines(tmp_path):
+def test_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_lines(tmp_path):
     import subprocess
     import sys
 

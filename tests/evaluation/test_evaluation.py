@@ -60,7 +60,7 @@ def _config(tmp_path, **changes):
 
 
 def test_a_rerun_with_other_settings_is_refused_not_reported_as_new_rows(tmp_path):
-    """Issue 37.1: rows are keyed by (method, target, prompt) only, so a rerun into the same out with another env
+    """Rows are keyed by (method, target, prompt) only, so a rerun into the same out with another env
     or another method under the same label must refuse (naming what changed) or start afresh."""
     import pytest
 
@@ -103,7 +103,7 @@ def test_duplicate_labels_and_bad_sizes_are_refused(tmp_path):
 
 
 def test_a_torn_last_row_is_redone_on_resume(tmp_path):
-    """Issue 37.7: a crash mid-write leaves half a line; the resume drops it with a warning and redoes the row."""
+    """A crash mid-write leaves half a line; the resume drops it with a warning and redoes the row."""
     import pytest
 
     from morca_env.evaluation import evaluate

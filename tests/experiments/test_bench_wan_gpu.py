@@ -1,4 +1,4 @@
-"""Issue 16, the GPU check prepared: benchmarks/bench_wan_gpu.py at its real config (counted) and at --tiny on the CPU."""
+"""The GPU check prepared: benchmarks/bench_wan_gpu.py at its real config (counted) and at --tiny on the CPU."""
 
 import importlib
 import json
