@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CORE_VENV ?= .venv-core
 CORE_PY := $(CORE_VENV)/bin/python
 
-.PHONY: quickstart test test-slow test-core bench mutate clean-venv
+.PHONY: quickstart test test-slow test-core docs bench mutate clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# the documentation site (mkdocs-material, mkdocstrings from the docstrings) into site/; fails on any warning
+docs: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -d site
 
 # the core install alone on the newest gymnasium 1.x, beside torchrl and tianshou (no d3rlpy, sb3, lpips)
 $(CORE_VENV)/.installed: pyproject.toml
