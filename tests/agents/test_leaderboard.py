@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rliable")  # the [benchmark] extra
-from agents import leaderboard, leaderboard_report  # noqa: E402
+from agents import leaderboard_report  # noqa: E402
+from agents.commands import leaderboard  # noqa: E402
 
 
 def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
@@ -118,7 +119,7 @@ def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
     import subprocess
     import time
 
-    code = ("import sys; from agents import leaderboard; leaderboard.RULES = {'uniform': 'uniform'}; "
+    code = ("import sys; from agents.commands import leaderboard; leaderboard.RULES = {'uniform': 'uniform'}; "
             f"sys.exit(leaderboard.main(['--only', 'rules', '--seeds', '1', '--pair-step', '1', '--workers', '1', "
             f"'--out', {str(tmp_path / 'lb')!r}, '--page', {str(tmp_path / 'p.md')!r}]))")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -77,3 +77,10 @@ def test_a_bug_keeps_its_traceback_and_is_called_one(monkeypatch, capsys):
     assert commands.main(["cache"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "morca cache: unexpected KeyError: 'missing' (a bug in morca" in err
+
+
+def test_every_subcommand_is_a_module_named_like_it_under_a_commands_package():
+    for name, point in commands.commands().items():
+        module = point.value.split(":")[0]
+        package, _, leaf = module.rpartition(".")
+        assert package.endswith(".commands") and leaf == name.replace("-", "_"), f"morca {name} is {module}"

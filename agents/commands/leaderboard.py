@@ -1,0 +1,253 @@
+"""The MorcaTiny leaderboard: standard algorithms and the cache rules, one protocol, several training seeds.
+
+    morca leaderboard                       # everything; resumable (rerun to continue)
+    morca leaderboard --workers 2 --only rules offline   # a family at a time
+    morca leaderboard --report              # only rewrite the page from the runs done
+
+Every run is scored by `morca_env.benchmark.evaluate` on MorcaTiny-v0's suite (at the
+same K, paired to the shipped references; `--pair-step 2` scores every second pair).
+Training budgets, common to a family: offline algorithms `--updates` gradient updates
+on the first `--episodes` of a dataset; online ones `--online-episodes` environment
+episodes (offline-to-online IQL: both). Each run is one JSON file under `--out`
+(written when done), so a crash or a stop loses at most the runs in flight. The page
+(`docs/results/leaderboard_tiny.md` + a performance-profile plot) aggregates the
+normalized scores with rliable: IQM over runs and targets, 95% stratified-bootstrap CIs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+from morca_env.workers import exit_with_parent
+
+ENV_ID = "MorcaTiny-v0"
+DATASETS = {"mixture": "datasets/morca/tiny/mixture-v0.json", "random": "datasets/morca/tiny/random-v0.json"}
+RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-fixed",
+         "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact",
+         # trained once and shipped (agents/trained/README.md), so scored like a rule: one run, no training here
+         "MORCA anchored (shipped)": "morca"}
+OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
+ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
+
+
+def jobs(args) -> list[dict]:
+    """Every run, in the order they are worth having: rules, offline on each dataset, online."""
+    out = []
+    if "rules" in args.only:
+        for label, name in RULES.items():
+            for seed in (range(args.seeds) if name == "random" else [0]):
+                out.append({"family": "rule", "method": label, "rule": name, "dataset": "-", "seed": seed})
+    if "offline" in args.only:
+        for dataset in args.datasets:
+            out += [{"family": "offline", "method": m, "dataset": dataset, "seed": s} for m in OFFLINE
+                    for s in range(args.seeds)]
+    if "online" in args.only:
+        out += [{"family": "online", "method": m, "dataset": "mixture" if "offline-to" in m else "-", "seed": s}
+                for m in ONLINE for s in range(args.seeds)]
+
+    def cost(job):  # cheap first, so a stopped run has the most complete methods: IQL's updates are ~20x slower
+        iql = "IQL" in job["method"]
+        return (job["family"] != "rule", iql, job["dataset"] not in ("-", args.datasets[0]), job["family"] == "online")
+    return sorted(out, key=cost)
+
+
+def run_name(job: dict) -> str:
+    return "".join(c if c.isalnum() else "_" for c in f"{job['method']}__{job['dataset']}__s{job['seed']}")
+
+
+def buffer_of(dataset: str, episodes: int):
+    from morca_env.data import CollectionRecipe, to_replay_buffer
+    from morca_env.dataset_integrity import load_dataset
+
+    data = load_dataset(CollectionRecipe.from_file(DATASETS[dataset]).dataset_id)
+    if data.total_episodes < episodes:
+        raise SystemExit(f"{dataset}: {data.total_episodes} episodes collected, --episodes {episodes} asked; run "
+                         f"morca collect {DATASETS[dataset]} --episodes {episodes}")
+    return to_replay_buffer(data, episode_indices=list(range(episodes)))  # the defaults: flat, one-step TD
+
+
+def offline_algo(method: str, buffer, updates: int, seed: int):
+    import d3rlpy
+
+    import agents
+
+    d3rlpy.seed(seed)
+    configs = {"IQL (MORCA)": agents.DiscreteIQLConfig, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
+               "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
+               "DQN (offline)": d3rlpy.algos.DQNConfig}
+    algo = configs[method]().create(device="cpu")
+    algo.fit(buffer, n_steps=updates, n_steps_per_epoch=updates, show_progress=False,
+             logger_adapter=d3rlpy.logging.NoopAdapterFactory())
+    return agents.MorcaPolicy(algo) if method == "IQL (MORCA)" else algo
+
+
+def online_policy(job: dict, args, run_dir: Path):
+    """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes."""
+    from morca_env import benchmark
+
+    method, seed, episodes = job["method"], job["seed"], args.online_episodes
+    env = benchmark.training_env(ENV_ID)
+    steps = episodes * env.unwrapped.num_steps
+    if method in ("MaskablePPO", "DQN (sb3)"):
+        from sb3_contrib import MaskablePPO
+        from stable_baselines3 import DQN
+
+        algo, options = ((MaskablePPO, {"n_steps": 250, "batch_size": 50}) if method == "MaskablePPO" else
+                         (DQN, {"learning_starts": 250, "buffer_size": steps}))
+        model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu", **options)
+        model.learn(total_timesteps=steps)
+        return model
+    import agents
+    from agents.online import OnlineConfig, OnlineTrainer
+    from agents.reinforce import Reinforce, ReinforceConfig
+
+    targets = benchmark.suite_of(ENV_ID).targets
+    speedups = (min(targets), max(targets))
+    if method == "REINFORCE":
+        trainer = Reinforce(env, ReinforceConfig(total_episodes=episodes, speedup_range=speedups, seed=seed),
+                            run_dir, progress=False)
+        trainer.train()
+        return trainer.policy()
+    offline, buffer = None, None
+    if method == "IQL offline-to-online":
+        buffer = buffer_of(job["dataset"], args.episodes)
+        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed).algo
+    rounds = 4
+    config = OnlineConfig(rounds=rounds, trajectories_per_round=episodes // rounds, warmup_epochs=1, joint_epochs=2,
+                          max_steps_per_epoch=args.updates // (3 * rounds), speedup_range=speedups, seed=seed)
+    trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
+    trainer.run()
+    return agents.MorcaPolicy(trainer.algo)
+
+
+def run_job(job: dict, args) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    import morca_env  # noqa: F401
+    from morca_env import benchmark, schedulers
+
+    env = benchmark.make_env(ENV_ID)
+    t0 = time.perf_counter()
+    if job["family"] == "rule":
+        policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] == "random" else {}))
+        budget = "none (a fixed rule)"
+    elif job["family"] == "offline":
+        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes), args.updates, job["seed"])
+        budget = f"{args.updates} updates on {args.episodes} episodes"
+    else:
+        policy = online_policy(job, args, Path(args.out) / "train" / run_name(job))
+        budget = f"{args.online_episodes} env episodes" + (f" after {args.updates} offline updates"
+                                                           if job["dataset"] != "-" else "")
+    train_s = time.perf_counter() - t0
+    result = benchmark.evaluate(policy, ENV_ID, env=env, progress=False, name=job["method"], pair_step=args.pair_step)
+    env.close()
+    return {**job, "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
+            "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,
+                                  "vs_best_fixed": s.vs_best_fixed, "projected": s.projected_per_episode}
+                       for t, s in result.scores.items()}}
+
+
+# the settings a run's scores depend on: a rerun into the same --out with others would mix two protocols
+FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step")
+
+
+def finished_run(path: Path) -> dict | None:
+    """A run file's record when it is whole and every score finite; else None (named on stderr), so it reruns."""
+    import math
+
+    try:
+        record = json.loads(path.read_text())
+        values = [v for s in record["scores"].values() for v in (s["normalized"], s["psnr"])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        print(f"run file {path} is damaged ({type(error).__name__}: {error}); it will run again", file=sys.stderr)
+        return None
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        print(f"run file {path} holds a non-finite score; it will run again", file=sys.stderr)
+        return None
+    return record
+
+
+def check_fingerprint(out: Path, args) -> None:
+    """Refuse a rerun into `out` whose settings differ from the ones its runs were made with."""
+    from morca_env.io import atomic_write_text
+
+    path = out / "settings.json"
+    mine = {k: getattr(args, k) for k in FINGERPRINT}
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        changed = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        if changed:
+            raise SystemExit(f"{out} holds runs made with other settings ("
+                             + ", ".join(f"--{k.replace('_', '-')} {a} -> {b}" for k, (a, b) in changed.items())
+                             + "): use another --out, or the same settings to continue them")
+    else:
+        atomic_write_text(path, json.dumps(mine, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    from morca_env.cli import positive_int, worker_count
+
+    p = argparse.ArgumentParser(prog="morca leaderboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/leaderboard")
+    p.add_argument("--only", nargs="+", choices=("rules", "offline", "online"), default=["rules", "offline", "online"])
+    p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["mixture", "random"])
+    p.add_argument("--seeds", type=positive_int, default=5)
+    p.add_argument("--episodes", type=positive_int, default=400, help="dataset episodes the offline algorithms train on")
+    p.add_argument("--updates", type=positive_int, default=1000, help="gradient updates of every offline algorithm")
+    p.add_argument("--online-episodes", type=positive_int, default=48, help="env episodes of every online algorithm")
+    p.add_argument("--pair-step", type=positive_int, default=2, help="score every n-th pair of the suite")
+    p.add_argument("--workers", type=worker_count, default=2)
+    p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
+    p.add_argument("--page", default="docs/results/leaderboard_tiny.md")
+    args = p.parse_args(argv)
+    args.command = " ".join(["morca leaderboard", *(sys.argv[1:] if argv is None else argv)])
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file; give a directory")
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    from morca_env.io import atomic_write_text, exclusive_lock
+
+    failed = []
+    with exclusive_lock(out / ".lock", f"leaderboard {out}"):  # one writer: two would run every job twice
+        if not args.report:
+            check_fingerprint(out, args)
+        todo = [j for j in jobs(args) if finished_run(runs / f"{run_name(j)}.json") is None]
+        command_file = out / "command.txt"  # the command that made the runs, for the page
+        if not args.report:
+            atomic_write_text(command_file, args.command)
+        args.run_command = command_file.read_text().strip() if command_file.exists() else None
+        if not args.report and todo:
+            from tqdm import tqdm
+
+            # the workers end with this process, even when it is killed -9 (a run would otherwise train on, orphaned)
+            with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=exit_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
+                futures = {pool.submit(run_job, j, args): j for j in todo}
+                for future in tqdm(as_completed(futures), total=len(futures), desc="leaderboard runs"):
+                    job = futures[future]
+                    try:
+                        atomic_write_text(runs / f"{run_name(job)}.json", json.dumps(future.result(), indent=1))
+                    except Exception as error:  # one failed run does not stop the others; rerun to retry it
+                        failed.append(run_name(job))
+                        print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)
+        from agents.leaderboard_report import write_page
+
+        done = [r for r in (finished_run(f) for f in sorted(runs.glob("*.json"))) if r is not None]
+        write_page(done, args, Path(args.page), jobs(args))
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
