@@ -166,16 +166,39 @@ def _torch_module(module) -> CallablePolicy:
     return CallablePolicy(act, type(module).__name__)
 
 
+def _tianshou(policy) -> CallablePolicy:
+    """A tianshou 2.x policy (or the algorithm holding it) trained through `morca_env.wrappers.FlatWithMask`: it
+    reads `obs.obs` (the flat observation) and masks its action values with `obs.mask`."""
+    import torch
+    from tianshou.data import Batch
+
+    policy = getattr(policy, "policy", policy)  # an Algorithm acts through its policy
+
+    def act(obs):
+        flat = as_flat({k: np.asarray(v)[None] for k, v in obs.items()})
+        with torch.no_grad():
+            out = policy(Batch(obs=Batch(obs=flat, mask=flat[:, FLAT_MASK] > 0), info=Batch()))
+        return np.asarray(out.act).reshape(-1)[0].item()
+    return CallablePolicy(act, type(policy).__name__)
+
+
+def _from_library(agent, package: str) -> bool:
+    return any(c.__module__.split(".")[0] == package for c in type(agent).__mro__)
+
+
 def as_policy(agent) -> Any:
     """A scheduler for `agent`: a scheduler already (it has `reset`), a stable-baselines3 model (on the Dict
-    observation or its `FlattenObservation`), a torchrl / tensordict actor, a d3rlpy algorithm, a torch module
-    (flat observation -> 2 scores) or any callable obs -> action."""
+    observation or its `FlattenObservation`), a torchrl / tensordict actor, a tianshou policy or algorithm
+    (trained through `FlatWithMask`), a d3rlpy algorithm, a torch module (flat observation -> 2 scores) or any
+    callable obs -> action."""
     if hasattr(agent, "reset") and callable(agent):
         return agent
     if hasattr(agent, "predict") and hasattr(agent, "policy") and hasattr(agent, "observation_space"):
         return _sb3(agent)
     if any(c.__name__ == "TensorDictModuleBase" and c.__module__.startswith("tensordict") for c in type(agent).__mro__):
         return _tensordict_module(agent)
+    if _from_library(agent, "tianshou"):
+        return _tianshou(agent)
     if hasattr(agent, "predict") and hasattr(agent, "impl"):
         if agent.impl is None:
             raise ValueError("the d3rlpy algorithm is not built yet: fit it (or build_with_env / build_with_dataset) first")

@@ -45,3 +45,23 @@ def test_a_one_hot_torchrl_action_is_read_as_its_index(env):
     # always recompute: the env forces exactly the reuses the budget needs, at the end
     assert all(r["projected"] == r["k"] for r in result.rows)
     assert np.mean([r["k"] for r in result.rows]) > 0
+
+
+def test_a_tianshou_policy_and_its_algorithm_are_scored_through_flat_with_mask(env):
+    pytest.importorskip("tianshou")
+    import gymnasium as gym
+    from tianshou.algorithm import DQN
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.utils.net.common import Net
+
+    from morca_env.wrappers import FlatWithMask
+
+    torch.manual_seed(0)
+    flat = FlatWithMask(benchmark.training_env(TEST_ENV))
+    net = Net(state_shape=flat.observation_space["obs"].shape, action_shape=2, hidden_sizes=[16])
+    policy = DiscreteQLearningPolicy(model=net, action_space=gym.spaces.Discrete(2))
+    algorithm = DQN(policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=1.0)
+    for agent in (policy, algorithm):
+        result = benchmark.evaluate(agent, TEST_ENV, env=env, targets=(2.0,), references=None, progress=False)
+        assert len(result.rows) == 4 and all(r["projected"] == 0 for r in result.rows)  # masked: always feasible
