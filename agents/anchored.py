@@ -6,7 +6,7 @@ switch that leaves that schedule only where validation runs showed a gain.
     return R'   = PSNR - mean PSNR of the episodes that shared its prompt, seed and K (one of them the baseline)
     act:   leave iff min_i Q_i(z', 1) - min_i Q_i(z', 0) > margin      (margin chosen on validation runs)
 
-Why this form, of the three the literature offers (docs/results/scheduler_tiny.md has the numbers):
+Why this form, of the three the literature offers (the MorcaTiny scheduler results have the numbers):
 * SPIBB (follow the baseline where a state-action count is low) needs counts, and the state is continuous.
 * A residual policy trained with IQL's advantage weighting alone still leaves the baseline wherever its actor
   leans that way, and on MorcaTiny the learnable per-run gain is small against the noise (the headroom page:
@@ -414,7 +414,7 @@ def anchored_buffer(datasets: list, buffer, episode_indices=None, n_step: int = 
     keys = [episode_key(m) for m in metas]
     if max(keys.count(k) for k in set(keys)) < 2:
         raise ValueError("the anchored recipe learns from groups of episodes that share a prompt, seed and K (the "
-                         "behaviour 'best-fixed-deviations', e.g. datasets/morca/tiny/anchored-v2.json); these "
+                         "behaviour 'best-fixed-deviations', e.g. the dataset morca/tiny/anchored-v2); these "
                          f"datasets ({', '.join(d.spec.dataset_id for d in datasets)}) have none: collect such data "
                          "or train with --recipe paper")
     baseline = baseline or StaticSchedule.packaged(model_of_dataset(datasets[0]))

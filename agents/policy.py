@@ -135,7 +135,7 @@ def reuses_ahead(obs) -> float:
 
     Why: every training seed of the quickstart recipe defers its computes to the end of the run; `pace` subtracts
     this share times the pace from the reuse logit, holding the policy near an even spend while the network still
-    places each compute. Measured on MorcaTiny it did not help (docs/results/scheduler_tiny.md, "Five training
+    places each compute. Measured on MorcaTiny it did not help (the MorcaTiny scheduler results, "Five training
     seeds"): the option exists so that the result can be reproduced and tried on other models.
     """
     scalars = obs["scalars"]
@@ -157,7 +157,7 @@ class MorcaEnsemble:
     Why: one training seed of the same recipe can land 2.8 dB away from another on the same validation prompts;
     averaging the members' log-probabilities keeps the choices they agree on and settles the others by how sure
     each member is. Costs one small network call per member and step. Measured on MorcaTiny (five seeds,
-    docs/results/scheduler_tiny.md) an ensemble is no better than its average member: a tool, not a recipe.
+    the MorcaTiny scheduler results) an ensemble is no better than its average member: a tool, not a recipe.
     """
 
     learned = True

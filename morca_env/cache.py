@@ -284,7 +284,7 @@ class ResidualCache:
         """One reuse decision per sample of the batch (the CFG branches of a sample share it, as each branch is
         its own call). When they agree it is `reuse = value`; when they differ, the recomputing samples run the
         blocks as one sub-batch and the reusing ones take their own h + residual, each row equal to that sample
-        run alone (tests/envs/test_cache.py)."""
+        run alone (the cache's tests check it)."""
         rows = torch.as_tensor([bool(v) for v in per_sample], dtype=torch.bool)
         if rows.numel() == 0:
             raise ValueError("decide() needs one decision per sample, got none")

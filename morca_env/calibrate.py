@@ -3,7 +3,7 @@
 Wall-clock speedups drift with the machine's state (on a shared 2-core VM the
 env-to-stock latency ratio moved ~6% within hours), so a calibration is only as
 good as it is recent: `morca calibrate` saves one, and `morca evaluate
---calibrate` / `benchmarks/bench_env.py` measure one right before they time.
+--calibrate` and the project's env benchmark measure one right before they time.
 
 rho = T_full / T(K): T_full is the stock no-cache generation (no scheduler inputs
 computed), T(K) an env episode with a uniform K-reuse schedule (cache hooks,

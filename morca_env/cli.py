@@ -175,7 +175,7 @@ def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny
     p.add_argument("--env", type=env_id, default=env)
     p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes played as one batch (a MorcaVectorEnv; 1: the single env); default "
-                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")
+                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (measured fastest on a CPU), 1 for the Wan models")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of env kwargs")
     p.add_argument("--prompts", help="training prompt suite (default: the model's datasets' prompts, whose "
                                      "references are cached, e.g. tiny-train:250 for MorcaTiny-v0)")

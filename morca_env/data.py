@@ -322,7 +322,7 @@ def collect_dataset(
     return each episode to this process to be written, as the local path does. `num_envs` > 1: each worker plays
     batches of that many episodes in a `MorcaVectorEnv` (one transformer call per step for the batch; each episode
     equals its unbatched self up to float32 rounding, so a threshold behaviour may decide a step differently;
-    benchmarks/bench_vector.py measures the gain). Returns the
+    the project's vector benchmark measures the gain). Returns the
     `minari.MinariDataset`. One writer per dataset id: a second `collect_dataset` of an id being collected
     fails at once naming the first one's pid (an OS lock), so two runs never mix their episodes.
     """

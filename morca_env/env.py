@@ -113,7 +113,7 @@ class MorcaEnv(gym.Env):
     complexity (1-3 objects, five background textures), a temporal event and a
     scale change independently, so schedules can depend on the content. Both
     are testbeds for methods at CPU scale, trained by this project; results on
-    them are not evidence about Wan (docs/morca_tiny.md, docs/morca_scenes.md).
+    them are not evidence about Wan (their model cards say what they are).
 
     ## Action Space
 

@@ -24,7 +24,7 @@ class LatentFeatures(NamedTuple):
     `var` (1, C, 1, 8, 8) (time reduced to one). Kept so, with no view dropping the singleton axes (in an episode
     every torch call pays for cold code; `stack_features` drops them in numpy), and a named tuple, not a frozen
     dataclass. With every pool a 3D pool, the features' share of a 3x episode fell from 1.42 to 1.14%, their
-    stacking's rose from 0.42 to 0.59% (benchmarks/bench_env_overhead.py, two runs each alternating with the code
+    stacking's rose from 0.42 to 0.59% (the project's env-overhead benchmark, two runs each alternating with the code
     before this change and three smaller ones in the signal and the step distance)."""
 
     pooled: torch.Tensor

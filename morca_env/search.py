@@ -127,7 +127,7 @@ class SchedulePlayer:
     """The env's terminal reward of fixed schedules for one (prompt, seed), fast.
 
     It runs the env's own pipeline, denoiser, reference and reward (`play_schedule`
-    gives the same numbers; tests/schedulers/test_search.py checks equality), but skips the
+    gives the same numbers; a test checks equality), but skips the
     observation (a fixed schedule reads none: ~20% of an episode on MorcaTiny) and
     resumes each schedule from the denoiser state after the longest prefix it
     shares with the best schedule played so far (a swap changes nothing before its

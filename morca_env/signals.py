@@ -426,7 +426,7 @@ class BatchStepDistanceTracker:
 
     The SEA filter runs once on the whole batch (its matrix products act on each sample's own rows), and the
     distances are summed per sample, so sample n's values equal those of a tracker fed that sample alone up to
-    float32 summation order (tests/envs/test_vector_env.py).
+    float32 summation order (the vector env's tests check it).
     """
 
     def __init__(self, kind: SignalKind = "official", power_exp: float = 3.0):

@@ -5,7 +5,7 @@ other busy process ran 20-75x slower (two threads fighting over one free core,
 each waiting at every barrier for the other); with 1 thread it ran at about half
 speed. So the default is the cores this process may run on, minus the ones other
 processes keep busy now (sampled from /proc/stat), shared among the workers we
-start, and never less than 1. `benchmarks/bench_contention.py` measures it.
+start, and never less than 1. The project's contention benchmark measures it.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
     `reset(seed=s)` resets sub-env i with seed s + i (gymnasium's convention): it then plays exactly the episode of
     `MorcaEnv.reset(seed=s + i)` with the same options, up to float32 rounding: the batched transformer, SEA
     filter and reductions sum in another order, so latents differ by ~1e-6, which flips a few uint8 levels of a
-    video: rewards differ by < 0.01 dB (measured at most 1.3e-3 dB; tests/envs/test_vector_env.py).
+    video: rewards differ by < 0.01 dB (measured at most 1.3e-3 dB; its tests check it).
 
     ## Options
 

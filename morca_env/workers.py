@@ -67,7 +67,7 @@ def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
 
 def default_num_envs(env_id: str, env_kwargs: dict) -> int:
     """Episodes per batch where the caller names none: `DEFAULT_NUM_ENVS` for the small CPU models, whose steps a
-    batch shares in part (benchmarks/bench_vector.py); 1 for the Wan models on a GPU, where one video's calls
+    batch shares in part (the project's vector benchmark); 1 for the Wan models on a GPU, where one video's calls
     already fill the device and a batch only multiplies the memory."""
     return 1 if needs_gpu(env_id, env_kwargs) else DEFAULT_NUM_ENVS
 

@@ -10,7 +10,7 @@ Training budgets, common to a family: offline algorithms `--updates` gradient up
 on the first `--episodes` of a dataset; online ones `--online-episodes` environment
 episodes (offline-to-online IQL: both). Each run is one JSON file under `--out`
 (written when done), so a crash or a stop loses at most the runs in flight. The page
-(`docs/results/leaderboard_tiny.md` + a performance-profile plot) aggregates the
+(the leaderboard page, `--page`, with a performance-profile plot) aggregates the
 normalized scores with rliable: IQM over runs and targets, 95% stratified-bootstrap CIs.
 """
 
@@ -206,7 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--pair-step", type=positive_int, default=2, help="score every n-th pair of the suite")
     p.add_argument("--workers", type=worker_count, default=2)
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
-    p.add_argument("--page", default="docs/results/leaderboard_tiny.md")
+    p.add_argument("--page", default=None, help="the Markdown page to write (default: <out>/leaderboard.md; the "
+                   "project's own page is its documentation's results/leaderboard_tiny.md)")
     args = p.parse_args(argv)
     args.command = " ".join(["morca leaderboard", *(sys.argv[1:] if argv is None else argv)])
     out = Path(args.out)
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
         from agents.leaderboard_report import write_page
 
         done = [r for r in (finished_run(f) for f in sorted(runs.glob("*.json"))) if r is not None]
-        write_page(done, args, Path(args.page), jobs(args))
+        write_page(done, args, Path(args.page) if args.page else out / "leaderboard.md", jobs(args))
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them", file=sys.stderr)
         return 1

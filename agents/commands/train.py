@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=("anchored", "paper"), default="anchored",
                    help="anchored (default): IQL on the residual of the best fixed schedule, from grouped data such "
-                        "as datasets/morca/tiny/anchored-v2.json (agents.anchored); paper: the paper's state and "
+                        "as the dataset morca/tiny/anchored-v2 (agents.anchored); paper: the paper's state and "
                         "return, on any MORCA dataset")
     p.add_argument("--dataset", nargs="+", default=["morca/tiny/anchored-v2"],
                    help="Minari dataset id(s); several are trained on together (--episodes limits the first)")

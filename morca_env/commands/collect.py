@@ -1,11 +1,14 @@
-"""Build an offline dataset from a recipe under datasets/ (Minari format).
+"""Build an offline dataset from a recipe file (Minari format).
 
-    morca collect datasets/morca/tiny/random-v0.json                 # 1000 MorcaTiny episodes
-    morca collect datasets/morca/tiny/random-v0.json --episodes 50 --workers 2
-    morca collect datasets/morca/tiny/random-v0.json --num-envs 1       # unbatched episodes
-    morca collect datasets/morca/wan21/random-v0.json --reference-cache-dir /data/refs   # GPU
-    morca collect datasets/morca/tiny/random-v0.json --workers 2 --ray          # local Ray runtime
-    morca collect datasets/morca/wan21/random-v0.json --workers 8 --ray --ray-address auto  # cluster
+A recipe is a JSON file naming the dataset id, the env and the behaviour; the repository's
+datasets folder holds the published ones, one folder per model (`morca/tiny/random-v0.json` there):
+
+    morca collect random-v0.json                            # 1000 MorcaTiny episodes
+    morca collect random-v0.json --episodes 50 --workers 2
+    morca collect random-v0.json --num-envs 1               # unbatched episodes
+    morca collect wan21-random-v0.json --reference-cache-dir /data/refs   # GPU
+    morca collect random-v0.json --workers 2 --ray          # local Ray runtime
+    morca collect wan21-random-v0.json --workers 8 --ray --ray-address auto  # cluster
 
 Crash-safe and resumable (`--resume`, the default): finished episodes are kept
 in ~/.cache/morca/collect/<dataset_id>/ and the Minari dataset is built only
@@ -31,8 +34,8 @@ from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
 def recipe_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"recipe {text!r} is not a file; valid: a JSON recipe such as "
-                                         "datasets/morca/tiny/random-v0.json")
+        raise argparse.ArgumentTypeError(f"recipe {text!r} is not a file; valid: a JSON recipe file (the "
+                                         "repository's datasets folder holds the published ones)")
     return path
 
 
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=thread_count, default=1, help="torch threads per worker")
     p.add_argument("--num-envs", type=positive_int, default=None,
                    help="episodes each worker plays as one batch (a MorcaVectorEnv; 1: the single env). Default "
-                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (benchmarks/bench_vector.py), 1 for the Wan models")
+                        f"{DEFAULT_NUM_ENVS} for MorcaTiny (measured fastest on a CPU), 1 for the Wan models")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue after the last complete episode (default); --no-resume starts over")
     p.add_argument("--overwrite", action="store_true", help="replace a finished dataset with the same id")

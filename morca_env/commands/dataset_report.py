@@ -3,7 +3,7 @@
     morca dataset-report morca/tiny/random-v0                  # prints a markdown summary
     morca dataset-report morca/tiny/random-v0 --plot k_hist.png
 
-The numbers in datasets/README.md come from this script.
+The numbers of the datasets' documentation come from this command.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Gather the episodes that schedule searches evaluated into the schedules file of a searched dataset recipe.
 
     morca export-searched runs/fixed_schedule runs/search/train \\
-        --per-search 20 --out datasets/morca/tiny/searched-v0.schedules.json
+        --per-search 20 --out searched-v0.schedules.json
 
 Each entry is one evaluated episode (prompt, seed, schedule, its reward); the
-`replay` behaviour of `datasets/morca/tiny/searched-v0.json` plays them again
+`replay` behaviour of a searched dataset's recipe (the repository's `morca/tiny/searched-v0.json`) plays them again
 with full observations. Prompts of `--exclude-suite` (default: every model's
 evaluation suite) are refused: held-out prompts never become training data.
 """

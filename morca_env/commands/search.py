@@ -4,7 +4,7 @@
     morca search --prompts tiny-train --count 40 --targets 2 2.5 3 --out runs/search/train
 
 A lower bound on what an adaptive scheduler could reach (the oracle rows of
-docs/results/scheduler_tiny.md). K for a target is the one every method gets at
+the MorcaTiny scheduler results). K for a target is the one every method gets at
 that target for that seed (`MorcaEnv.budget_for_speedup`). Every evaluated
 schedule is kept with its PSNR (`<out>/<prompt>_<seed>_K<k>.jsonl`, a search's
 result in the `.json` next to it); rerunning resumes. Play the found schedules

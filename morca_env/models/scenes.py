@@ -3,7 +3,7 @@
 `WanTransformer3DModel` (4 blocks, width 96 in 3 heads of 32, patch (2, 2, 2): one token is 2 frames of a
 2x2-pixel square, so a clip is 6 x 8 x 8 = 384 tokens) over 3 x 12 x 16 x 16 RGB videos
 of the `scenes_data` grammar, trained on the `scenes-train` prompts only. See
-``docs/morca_scenes.md`` (the model card).
+its model card (MorcaScenes-v0 in the documentation).
 
 Why 16x16 and not 32x32 with patch (2, 4, 4) at the same token count: a token then
 carries 96 pixel values, as many as the model's width, and a first model trained that

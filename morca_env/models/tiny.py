@@ -2,7 +2,7 @@
 
 `WanTransformer3DModel` (4 blocks, width 96, patch (2, 2, 2): one token is 2 frames of a
 2x2-pixel square, so time is 4 tokens) over 3 x 8 x 16 x 16 RGB videos of one shape
-moving on a near-flat background (`tiny_data`). See ``docs/morca_tiny.md`` (the model card)
+moving on a near-flat background (`tiny_data`). See its model card (MorcaTiny-v0 in the documentation)
 and `morca_env.models.pixel_model` for what every packaged pixel model shares.
 """
 

@@ -195,7 +195,7 @@ class ReplaySchedules(PrecomputedSchedule):
     """Replays stored (prompt, seed, schedule) episodes, the i-th collected episode playing entry i (cyclically).
 
     The entries file `path` (JSON list of {"prompt", "seed", "schedule"}) is what a
-    searched dataset's recipe points to, e.g. `datasets/morca/tiny/searched-v0.schedules.json`.
+    searched dataset's recipe points to (`morca export-searched` writes one).
     """
 
     def __init__(self, path=None):
