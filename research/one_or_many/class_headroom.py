@@ -5,7 +5,9 @@ procedure and the episode count of the global fit (`morca fit-fixed`: a hill cli
 80 schedules x 12 prompts), keep it, uniform spacing or the global schedule, whichever scores best on
 8 validation prompts of the class (so a class schedule is never chosen on its training prompts alone),
 then play every class's schedule and the global one on held-out pairs of every class (the transfer
-matrix). Resumable: every episode is logged under `--out`.
+matrix). The fair "one schedule" is the best single candidate (any class's fit, the global fit, uniform spacing)
+on the validation prompts of all classes together: the class-level headroom is what the class schedules gain over it.
+Resumable: every episode is logged under `--out`.
 
     python research/one_or_many/class_headroom.py --env MorcaScenes-v0 --budgets 32 --workers 2
     python research/one_or_many/class_headroom.py --env MorcaScenes-v0 --budgets 27 32 36 --report
@@ -125,6 +127,38 @@ def class_schedules(args, split: dict, k: int) -> dict:
     return {**schedules, **{c: v["schedule"] for c, v in chosen.items()}}
 
 
+def fitted_schedules(args, split: dict, k: int) -> dict:
+    """{class: its fitted schedule} (before validation) from the fit logs' results."""
+    out = args.out / f"K{k:03d}" / "fits"
+    return {c: json.loads((out / f"fit_{slug(c)}.json").read_text())["schedule"] for c in split}
+
+
+def pooled_choice(args, split: dict, k: int) -> tuple[str, list[int]]:
+    """The best ONE schedule among every class's fit, the global fit and uniform spacing, chosen on the validation
+    prompts of all classes together: the fair "one schedule" to compare class schedules with (the same
+    candidates, selected on the same prompts, only not told the class)."""
+    env = gym.make(args.env, **ENV_KWARGS)
+    spec = env.unwrapped.budget_spec
+    env.close()
+    candidates = {"global": [int(a) for a in StaticSchedule.packaged(TESTBEDS[args.env][0]).plan(spec, k)],
+                  "uniform": [int(a) for a in UniformInterval().plan(spec, k)],
+                  **{f"fit {c}": s for c, s in fitted_schedules(args, split, k).items()}}
+    out = args.out / f"K{k:03d}"
+    jobs = [(str(out / f"validate_pooled_{slug(c)}.jsonl"), g["validate"], candidates) for c, g in split.items()]
+    for _ in map_on_envs(_evaluate, jobs, args.env, ENV_KWARGS, args.workers, args.threads):
+        pass
+    means = {}
+    for name, schedule in candidates.items():
+        key = schedule_key(schedule)
+        values = [psnr_table(out / f"validate_pooled_{slug(c)}.jsonl")[(p, s, key)]
+                  for c, g in split.items() for p, s in g["validate"]]
+        means[name] = float(np.mean(values))
+    best = max(means, key=lambda n: means[n])
+    atomic_write_text(out / "pooled_choice.json", json.dumps({"chosen": best, "schedule": candidates[best],
+                                                              "validation_psnr": means}, indent=1) + "\n")
+    return best, candidates[best]
+
+
 def evaluate(args, split: dict, k: int, schedules: dict) -> None:
     out = args.out / f"K{k:03d}"
     jobs = [(str(out / f"eval_{slug(c)}.jsonl"), g["eval"], schedules) for c, g in split.items()]
@@ -177,8 +211,26 @@ def report(args, split: dict, budgets: list[int]) -> dict:
             own[cj] = {"diff": m, "ci": [lo, hi], "n": len(pairs), "kept": chosen[cj]["kept"],
                        "global_psnr": float(base.mean())}
             vs_uniform[cj] = float(base.mean() - np.mean([table[(p, s, uniform)] for p, s in pairs]))
-        results["budgets"][str(k)] = {"per_class": own, "headroom": float(np.mean([v["diff"] for v in own.values()])),
-                                      "transfer": matrix, "global_minus_uniform": vs_uniform}
+        entry = {"per_class": own, "headroom": float(np.mean([v["diff"] for v in own.values()])),
+                 "transfer": matrix, "global_minus_uniform": vs_uniform}
+        pooled_path = out / "pooled_choice.json"
+        if pooled_path.exists():  # class schedules against the best ONE schedule of the same candidates
+            pooled = json.loads(pooled_path.read_text())
+            one = schedule_key(pooled["schedule"])
+            per = {}
+            for cj in split:
+                table = psnr_table(out / f"eval_{slug(cj)}.jsonl")
+                pairs = split[cj]["eval"]
+                diff = np.array([table[(p, s, keys[cj])] - table[(p, s, one)] for p, s in pairs])
+                m, lo, hi = mean_ci(diff)
+                per[cj] = {"diff": m, "ci": [lo, hi],
+                           "one_minus_global": float(np.mean([table[(p, s, one)] - table[(p, s, glob)]
+                                                              for p, s in pairs]))}
+            entry["vs_one_schedule"] = {"chosen": pooled["chosen"], "per_class": per,
+                                        "headroom": float(np.mean([v["diff"] for v in per.values()])),
+                                        "one_minus_global": float(np.mean([v["one_minus_global"]
+                                                                           for v in per.values()]))}
+        results["budgets"][str(k)] = entry
     atomic_write_text(args.out / "class_headroom.json", json.dumps(results, indent=1) + "\n")
     plot_transfer(results, args.out / "transfer.png")
     return results
@@ -230,12 +282,20 @@ def main(argv=None) -> int:
     split = class_pairs(args.env, args.train_per_class, args.validate_per_class, args.eval_per_class)
     if not args.report:
         for k in args.budgets:
-            evaluate(args, split, k, class_schedules(args, split, k))
+            schedules = class_schedules(args, split, k)
+            _, one = pooled_choice(args, split, k)
+            evaluate(args, split, k, {**schedules, "one": one})
     results = report(args, split, args.budgets)
     for k, r in results["budgets"].items():
-        print(f"K={k}: class-level headroom {r['headroom']:+.3f} dB")
+        print(f"K={k}: class schedules - the shipped global one: {r['headroom']:+.3f} dB")
         for c, v in r["per_class"].items():
             print(f"  {c:22s} {v['diff']:+.3f} dB [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] (kept {v['kept']})")
+        if "vs_one_schedule" in r:
+            one = r["vs_one_schedule"]
+            print(f"K={k}: the best one schedule ({one['chosen']}) - the shipped global: {one['one_minus_global']:+.3f} "
+                  f"dB; class schedules - the best one: {one['headroom']:+.3f} dB (the class-level headroom)")
+            for c, v in one["per_class"].items():
+                print(f"  {c:22s} {v['diff']:+.3f} dB [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
     return 0
 
 
