@@ -189,7 +189,7 @@ class AnchoredPolicy:
                              "the env was made with latent_features=False; use latent_features=True")
         if not self._plays_baseline:  # the baseline itself reads no network
             check_observation_shapes(self.algo.impl.observation_shape, obs, getattr(self, "source", "this scheduler"),
-                                     extra_scalars=1)
+                                     extra_scalars=1, reads_latents=self.reads_latents)
 
     @property
     def record(self) -> EpisodeRecord:

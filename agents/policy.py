@@ -93,7 +93,7 @@ class MorcaPolicy:
             raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
                              "the env was made with latent_features=False; use latent_features=True")
         check_observation_shapes(getattr(self.algo.impl, "observation_shape", None), obs,
-                                 getattr(self, "source", "this scheduler"))
+                                 getattr(self, "source", "this scheduler"), reads_latents=self.reads_latents)
 
     @torch.no_grad()
     def logits(self, obs) -> torch.Tensor:

@@ -285,10 +285,12 @@ class BatchObservationBuilder:
         self.used = self.used + actions.astype(np.int64)
 
 
-def check_observation_shapes(network_shape, obs: dict, source: str, extra_scalars: int = 0) -> None:
+def check_observation_shapes(network_shape, obs: dict, source: str, extra_scalars: int = 0,
+                             reads_latents: bool = True) -> None:
     """Refuse, before the first step, an observation whose shapes differ from what the network was trained on
     (another model, resolution or frame count): otherwise the first step fails inside a matmul, naming nothing.
-    `extra_scalars`: what the scheduler appends to the env's scalars (the anchored state adds one)."""
+    `extra_scalars`: what the scheduler appends to the env's scalars (the anchored state adds one);
+    `reads_latents=False`: a scalar-state network, whose latent inputs are never read."""
     if network_shape is None:
         return
     if is_flat_shape(network_shape):
@@ -298,6 +300,8 @@ def check_observation_shapes(network_shape, obs: dict, source: str, extra_scalar
         expected = tuple(tuple(int(n) for n in shape) for shape in network_shape)
         pooled, temporal, scalars, mask = as_tuple(obs)
         got = (pooled.shape, temporal.shape, (scalars.shape[0] + extra_scalars,), mask.shape)
+        if not reads_latents:  # a scalar-state network never reads pooled/temporal: any model's shapes will do
+            expected, got = expected[2:], got[2:]
     if got != expected:
         raise ValueError(f"{source} was trained on observations of shapes {list(expected)} and this env gives "
                          f"{list(got)} (another model, resolution or frame count): play it on the env it was "
