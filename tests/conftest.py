@@ -1,6 +1,7 @@
 """Shared fixtures: small tiny pipelines, one torch thread, caches in a temp dir (never ~/.cache)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,6 @@ CORE_MODULES = {
 
 
 if os.environ.get("MORCA_CORE_ONLY") == "1":  # the core venv: the other modules import extras at the top
-    from pathlib import Path
-
     _here = Path(__file__).parent
     collect_ignore = [str(p.relative_to(_here)) for p in _here.rglob("test_*.py") if p.stem not in CORE_MODULES]
 
@@ -73,3 +72,24 @@ def envs(tmp_path):
     from tests.schedulers import rule_forms
 
     return rule_forms.make_envs(tmp_path)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live (not zombie) children of `pid`, from Linux's /proc: what a killed parent may leave running."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def process_running(pid: int) -> bool:
+    """Alive and not a zombie (a reaped-later child of init counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

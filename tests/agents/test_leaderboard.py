@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("rliable")  # the [benchmark] extra
 from agents import leaderboard_report  # noqa: E402
 from agents.commands import leaderboard  # noqa: E402
+from tests.conftest import child_pids, process_running  # noqa: E402
 
 
 def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
@@ -92,26 +93,6 @@ def test_failed_runs_give_a_non_zero_exit(tmp_path, monkeypatch):
     assert code == 1
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended while we looked
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a reaped-later child of init counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
     import os
@@ -127,18 +108,18 @@ def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not any(
-                b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(parent.pid)
+                b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes() for c in child_pids(parent.pid)
                 if Path(f"/proc/{c}/cmdline").exists()):
             time.sleep(0.5)
         time.sleep(3)  # the worker is in its run (importing, then playing the suite)
-        children = _children(parent.pid)
+        children = child_pids(parent.pid)
         assert children, "the leaderboard started no worker"
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.time() + 15
-        while time.time() < deadline and any(_running(c) for c in children):
+        while time.time() < deadline and any(process_running(c) for c in children):
             time.sleep(0.5)
-        alive = [c for c in children if _running(c)]
+        alive = [c for c in children if process_running(c)]
         assert not alive, f"workers {alive} outlived their killed leaderboard"
     finally:
         if parent.poll() is None:

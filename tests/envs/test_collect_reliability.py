@@ -12,6 +12,7 @@ import pytest
 
 import morca_env.data as data
 from morca_env.data import collect_dataset, staging_root, to_replay_buffer
+from tests.conftest import child_pids, process_running
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10, "latent_features": False}
@@ -68,26 +69,6 @@ def test_a_corrected_behaviour_name_reruns_under_the_same_id(roots):
     assert collect("test/tiny/typo-v0", 1, behavior={"name": "random"}).total_episodes == 1
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_exit_when_the_collecting_parent_is_killed(roots):
     code = ("from morca_env.data import collect_dataset\n"
@@ -99,14 +80,14 @@ def test_workers_exit_when_the_collecting_parent_is_killed(roots):
     deadline = time.time() + 240
     while time.time() < deadline and len(list(staging.glob("ep_*.npz"))) < 2:
         time.sleep(0.1)
-    workers = _children(proc.pid)
+    workers = child_pids(proc.pid)
     assert len(workers) == 2, "the workers must be running"
     proc.kill()
     proc.wait()
     deadline = time.time() + 20
-    while time.time() < deadline and any(_alive(w) for w in workers):
+    while time.time() < deadline and any(process_running(w) for w in workers):
         time.sleep(0.1)
-    survivors = [w for w in workers if _alive(w)]
+    survivors = [w for w in workers if process_running(w)]
     for w in survivors:
         os.kill(w, signal.SIGKILL)
     assert not survivors, "collection workers outlived their parent"
