@@ -5,8 +5,8 @@ with d3rlpy, so `agents.checkpoint.load_learnable(path)` rebuilds a checkpoint
 (safetensors + JSON config, verified against its checksum) after `import agents`.
 """
 
-from morca_env.extras import require
-from morca_env.quiet import quiet_d3rlpy
+from morca_env.utils.extras import require
+from morca_env.utils.quiet import quiet_d3rlpy
 
 quiet_d3rlpy("the agents package (IQL, REINFORCE)")  # before d3rlpy is imported below: quiet, or a clear error
 require("tensorboard", "the agents package's training logs")

@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from morca_env.io import atomic_path, atomic_write_text
+from morca_env.utils.io import atomic_path, atomic_write_text
 from morca_env.observation import LAYOUT
 
 SUFFIX = ".sha256"

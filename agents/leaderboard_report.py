@@ -32,7 +32,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     from rliable import library as rly
     from rliable import metrics
 
-    from morca_env.io import atomic_path, atomic_write_text
+    from morca_env.utils.io import atomic_path, atomic_write_text
 
     groups = by_method(results, args.seeds)
     if not groups:
@@ -49,7 +49,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
 
     lines = ["# MorcaTiny leaderboard", "",
              "Normalized score at the same K: 100 x (PSNR - random feasible) / (best fixed - random feasible), "
-             "per episode pair of the benchmark suite (`morca_env.benchmark`, MorcaTiny-v0: held-out tiny-eval "
+             "per episode pair of the benchmark suite (`morca_env.evaluation.benchmark`, MorcaTiny-v0: held-out tiny-eval "
              f"prompts, targets {', '.join(t + 'x' for t in targets)}; every {args.pair_step}. pair of the 40). "
              "IQM over runs x targets (and per target over runs) with 95% stratified-bootstrap CIs "
              f"(rliable, {REPS} resamples). Best fixed is 100 by construction: the bar a learned scheduler must clear.",

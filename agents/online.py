@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from morca_env.io import atomic_path, atomic_write_text
+from morca_env.utils.io import atomic_path, atomic_write_text
 from morca_env.rollout import rollout_many as play_many
 from morca_env.vector import single_env
 

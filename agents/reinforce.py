@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 
 from .checkpoint import CheckpointError, check_weights, load_torch_state, save_state
 

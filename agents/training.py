@@ -11,7 +11,7 @@ from d3rlpy.dataset import Episode, InfiniteBuffer, ReplayBuffer
 from tqdm import tqdm
 
 from morca_env.data import transition_picker
-from morca_env.io import atomic_write_text, writable_directory
+from morca_env.utils.io import atomic_write_text, writable_directory
 
 from .checkpoint import save_learnable
 from .sampling import TransitionSampler

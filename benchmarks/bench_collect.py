@@ -58,7 +58,7 @@ def main() -> None:
     except ImportError:
         print('Ray: not installed (pip install -e ".[ray]"), not measured')
         return
-    from morca_env.executors import RayExecutor
+    from morca_env.parallel.executors import RayExecutor
 
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)

@@ -6,7 +6,7 @@ The slice is the stage that collapsed on the 2-core VM (41 min instead of 9
 for the whole quickstart; offline IQL at 0.5-2 updates/s instead of ~38):
 offline discrete IQL updates of the quickstart's scalar-state network on a
 replay buffer of synthetic MorcaTiny-shaped episodes. It runs in a fresh
-process with the scripts' default thread choice (`morca_env.threads`), once on
+process with the scripts' default thread choice (`morca_env.utils.threads`), once on
 the machine as it is and once right after a single-threaded busy loop starts,
 and prints both times and their ratio, measured in one run; `--pairs` such
 pairs back to back, and the medians (one pair swings with the VM's noise).
@@ -25,7 +25,7 @@ import numpy as np
 SLICE = r"""
 import sys, time
 import numpy as np
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 threads = configure_threads(None if sys.argv[2] == "auto" else int(sys.argv[2]))
 import agents
 from agents.iql import DiscreteIQLConfig

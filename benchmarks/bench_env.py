@@ -32,8 +32,8 @@ import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env.calibrate import fastest, measure_calibration, run_uniform_episode, stock_seconds
-from morca_env.governor import SpeedupGovernor
+from morca_env.speedup.measure import fastest, measure_calibration, run_uniform_episode, stock_seconds
+from morca_env.speedup.governor import SpeedupGovernor
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--timing-repeats", type=int, default=3, help="each timing is the fastest of this many runs")
     p.add_argument("--feedback", action="store_true",
                    help="closed loop: a SpeedupGovernor per target corrects the requested speedup by the speedups "
-                        "realised so far (morca_env.governor)")
+                        "realised so far (morca_env.speedup.governor)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     kwargs = {"lpips": False, **json.loads(args.env_kwargs)}

@@ -36,12 +36,12 @@ from tqdm import tqdm
 import morca_env  # noqa: F401
 from morca_env import env as env_module
 from morca_env import observation as observation_module
-from morca_env.calibrate import fastest, run_uniform_episode, stock_seconds
+from morca_env.speedup.measure import fastest, run_uniform_episode, stock_seconds
 from morca_env.observation import feature_shapes
 from morca_env.schedulers.fixed import UniformInterval
 from morca_env.rollout import rollout
-from morca_env.signals import StepDistanceTracker
-from morca_env.threads import configure_threads
+from morca_env.diffusion.signals import StepDistanceTracker
+from morca_env.utils.threads import configure_threads
 from morca_env.cli import show_library_messages
 
 TARGETS = (2.0, 2.5, 3.0)

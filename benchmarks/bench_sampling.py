@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 
 
 def quickstart_like_buffer(episodes: int, steps: int = 50):

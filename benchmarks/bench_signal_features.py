@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from morca_env.features import latent_features
-from morca_env.signals import relative_l1, sea_filter
+from morca_env.diffusion.features import latent_features
+from morca_env.diffusion.signals import relative_l1, sea_filter
 
 
 def per_call(fn, repeats: int) -> float:

@@ -19,7 +19,7 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env import schedulers
 from morca_env.evaluation.episodes import scheduler_step_cost
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 
 
 def main(argv=None) -> int:

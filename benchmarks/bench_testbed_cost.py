@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import morca_env  # noqa: F401
-from morca_env.calibrate import fastest, stock_seconds
+from morca_env.speedup.measure import fastest, stock_seconds
 from morca_env.cli import positive_int
 from morca_env.rollout import rollout
 from morca_env import make_scheduler

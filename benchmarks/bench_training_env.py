@@ -22,7 +22,8 @@ import torch
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env import benchmark, schedulers
+from morca_env.evaluation import benchmark
+from morca_env import schedulers
 from morca_env.prompts import get_suite
 from morca_env.rollout import rollout
 

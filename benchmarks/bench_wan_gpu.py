@@ -121,7 +121,7 @@ def run(args) -> dict | None:
     import gymnasium as gym
 
     import morca_env  # noqa: F401
-    from morca_env.calibrate import run_uniform_episode
+    from morca_env.speedup.measure import run_uniform_episode
 
     if args.tiny:
         device, dtype = "cpu", torch.float32

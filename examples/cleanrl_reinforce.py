@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 from morca_env.observation import as_flat
 from morca_env.wrappers import mask_of_flat
 

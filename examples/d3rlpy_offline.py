@@ -18,7 +18,7 @@ import sys
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 from morca_env.data import to_replay_buffer
 
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 
 
 def main(env_id: str = "MorcaTiny-v0", steps: int = 2000, score: bool = True, **env_kwargs) -> dict:

@@ -17,7 +17,7 @@ import gymnasium as gym
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 from morca_env.wrappers import FlatWithMask
 
 

@@ -15,7 +15,7 @@ import sys
 import torch
 
 import morca_env  # noqa: F401  (registers the envs with gymnasium, which torchrl's GymEnv reads)
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 
 FEATURES = ("pooled", "scalars", "temporal")
 

@@ -10,9 +10,13 @@ and the datasets (`collect_dataset`, `to_replay_buffer`). Everything else stays 
 its module.
 """
 
-from .quiet import quiet_legacy_gym
+from .utils.quiet import quiet_legacy_gym
 
 quiet_legacy_gym()  # before anything imports the legacy gym package and prints its notice
+
+from .utils import deprecated_paths  # noqa: E402
+
+deprecated_paths.install()  # the modules that moved into families answer at their old paths for one release
 
 from .registration import ENV_IDS, register_envs  # noqa: E402
 

@@ -46,12 +46,12 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from . import wan_structure
+from .diffusion import wan_structure
 from .budget import BudgetSpec, SpeedupCalibration
-from .cache import ResidualCache
+from .diffusion.cache import ResidualCache
 from .observation import BatchObservationBuilder, ObservationBuilder, parse_action
 from .schedulers.rules.runtime import BatchRunView
-from .signals import SIGNAL_KINDS, official_signal_input
+from .diffusion.signals import SIGNAL_KINDS, official_signal_input
 
 _DECISION_HOOK = "morca_decision"
 
@@ -211,13 +211,13 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
     speedups = _per_video("speedup", speedup, videos) if speedup is not None else [None] * videos
     if budget is None:
         if calibration is None:
-            from .calibration_files import calibration_for_pipeline
+            from .speedup.files import calibration_for_pipeline
 
             calibration = calibration_for_pipeline(pipe)
         if isinstance(calibration, str) and Path(calibration).is_file():
             calibration = SpeedupCalibration.from_json(calibration)
         elif isinstance(calibration, str):
-            from .calibration_files import load_calibration
+            from .speedup.files import load_calibration
 
             calibration = load_calibration(calibration, num_steps, spec.max_budget)
         budgets = [calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(s) for s in speedups]
@@ -314,7 +314,7 @@ def _with_latents(pipe, call_kwargs: dict, videos: int = 1) -> dict:
 def _replay_of(pipe, call_kwargs: dict, video: int = 0, videos: int = 1):
     """Free runs of video `video` of this call: a private denoiser with the call's settings, started from that
     video's inputs (its prompt or prompt embeddings, its initial noise)."""
-    from .denoiser import DenoiserConfig
+    from .diffusion.denoiser import DenoiserConfig
     from .schedulers.rules.runtime import Replay
 
     settings = {k: call_kwargs.get(k, v) for k, v in _PIPELINE_DEFAULTS.items()}

@@ -298,13 +298,13 @@ class SpeedupCalibration:
                    points=[[float(k), float(r)] for k, r in zip(budgets, inv_rho)])
 
     def to_json(self, path: str | Path) -> None:  # pragma: no mutate block (I/O, tested by a round trip)
-        from .io import atomic_write_text
+        from .utils.io import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def from_json(cls, path: str | Path) -> "SpeedupCalibration":  # pragma: no mutate block (I/O)
-        from .io import read_json
+        from .utils.io import read_json
 
         data = read_json(path, "speedup calibration")
         names = [f.name for f in fields(cls)]

@@ -170,7 +170,7 @@ def experiment_parser(description: str, env: str = "MorcaTiny-v0") -> argparse.A
 
 def add_training_env_arguments(p: argparse.ArgumentParser, env: str = "MorcaTiny-v0") -> None:
     """--env, --env-kwargs, --prompts and --num-envs of a trainer that plays episodes (see `make_training_env`)."""
-    from .workers import DEFAULT_NUM_ENVS
+    from .parallel.workers import DEFAULT_NUM_ENVS
 
     p.add_argument("--env", type=env_id, default=env)
     p.add_argument("--num-envs", type=positive_int, default=None,
@@ -198,7 +198,7 @@ def make_training_env(args):
 
     from .registration import register_envs
 
-    from .workers import default_num_envs
+    from .parallel.workers import default_num_envs
 
     register_envs()
     kwargs = training_env_kwargs(args)
@@ -216,7 +216,7 @@ def add_run_arguments(p: argparse.ArgumentParser, run_dir: str, resume: str = "c
     if device:
         p.add_argument("--device", type=torch_device, default="cpu")
     p.add_argument("--threads", type=thread_count, default=None,
-                   help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+                   help="torch threads (default: chosen from the free cores, see morca_env.utils.threads)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -253,7 +253,7 @@ def check_run_arguments(run_dir: Path, args: argparse.Namespace, may_change=RESU
 def record_run_arguments(run_dir: Path, args: argparse.Namespace, may_change=RESUMABLE_CHANGES) -> None:
     """`check_run_arguments`, then write `<run_dir>/args.json` (atomically): call it once the run's inputs have
     loaded, so a call that fails on them leaves an earlier run's record alone."""
-    from .io import atomic_write_text
+    from .utils.io import atomic_write_text
 
     check_run_arguments(run_dir, args, may_change)
     atomic_write_text(Path(run_dir) / "args.json",

@@ -18,15 +18,15 @@ import torch
 from gymnasium import spaces
 
 from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
-from .denoiser import DenoiserConfig, StepwiseDenoiser, check_batch_memory
-from .metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
-from .calibration_files import load_calibration
+from .diffusion.denoiser import DenoiserConfig, StepwiseDenoiser, check_batch_memory
+from .diffusion.metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
+from .speedup.files import load_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
-from .references import ReferenceCache
+from .diffusion.reference_videos import ReferenceCache
 from .observation import (SCALAR_NAMES, check_feature_dtype, ObservationBuilder, observation_space,  # noqa: F401
                           parse_action)  # (SCALAR_NAMES re-exported)
-from .signals import SIGNAL_KINDS, signal_input_for_step
+from .diffusion.signals import SIGNAL_KINDS, signal_input_for_step
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _LPIPS_WARNED = False

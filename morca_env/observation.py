@@ -14,9 +14,9 @@ import torch
 from gymnasium import spaces
 
 from .budget import BudgetSpec
-from .features import (batch_latent_features, feature_shapes, latent_features_no_grad, stack_batch_features,
-                       stack_features)
-from .signals import BatchStepDistanceTracker, StepDistanceTracker
+from .diffusion.features import (
+    batch_latent_features, feature_shapes, latent_features_no_grad, stack_batch_features, stack_features)
+from .diffusion.signals import BatchStepDistanceTracker, StepDistanceTracker
 
 # ----------------------------------------------------------------- the layout (its one home)
 OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")  # order of the tuple form (d3rlpy, networks)

@@ -11,12 +11,12 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector.utils import batch_space
 
-from .denoiser import check_batch_memory
+from .diffusion.denoiser import check_batch_memory
 from .env import MorcaEnv, episode_info
-from .metrics import to_uint8
+from .diffusion.metrics import to_uint8
 from .observation import BatchObservationBuilder
-from .references import reference_key
-from .signals import signal_input_for_step
+from .diffusion.reference_videos import reference_key
+from .diffusion.signals import signal_input_for_step
 
 try:  # gymnasium >= 1.1 names the modes; 1.0 vector envs all autoreset on the next step
     from gymnasium.vector import AutoresetMode

@@ -27,13 +27,13 @@ import gymnasium as gym
 from agents.anchored import LEAVE_RATES, anchor_of, baseline_of, choose_margin, with_margin
 from agents.checkpoint import CheckpointError, load_learnable
 from morca_env.cli import env_id, json_dict, output_file, positive_int, show_library_messages, speedup, thread_count
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
 from morca_env.registration import register_envs
 from morca_env.schedulers.fixed import StaticSchedule
-from morca_env.threads import configure_threads
-from morca_env.workers import default_num_envs
+from morca_env.utils.threads import configure_threads
+from morca_env.parallel.workers import default_num_envs
 
 
 def parse_args(argv=None):

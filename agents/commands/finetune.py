@@ -32,8 +32,8 @@ from morca_env.cli import (add_run_arguments, add_training_env_arguments, positi
                            refuse_to_overwrite,
                            show_library_messages, make_training_env)
 from morca_env.data import first_episodes, to_replay_buffer
-from morca_env.dataset_integrity import load_dataset
-from morca_env.threads import configure_threads
+from morca_env.data.integrity import load_dataset
+from morca_env.utils.threads import configure_threads
 from morca_env.vector import single_env
 
 

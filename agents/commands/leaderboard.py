@@ -4,7 +4,7 @@
     morca leaderboard --workers 2 --only rules offline   # a family at a time
     morca leaderboard --report              # only rewrite the page from the runs done
 
-Every run is scored by `morca_env.benchmark.evaluate` on MorcaTiny-v0's suite (at the
+Every run is scored by `morca_env.evaluation.benchmark.evaluate` on MorcaTiny-v0's suite (at the
 same K, paired to the shipped references; `--pair-step 2` scores every second pair).
 Training budgets, common to a family: offline algorithms `--updates` gradient updates
 on the first `--episodes` of a dataset; online ones `--online-episodes` environment
@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from morca_env.workers import exit_with_parent
+from morca_env.parallel.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
 DATASETS = {"mixture": "datasets/morca/tiny/mixture-v0.json", "random": "datasets/morca/tiny/random-v0.json"}
@@ -64,7 +64,7 @@ def run_name(job: dict) -> str:
 
 def buffer_of(dataset: str, episodes: int):
     from morca_env.data import CollectionRecipe, to_replay_buffer
-    from morca_env.dataset_integrity import load_dataset
+    from morca_env.data.integrity import load_dataset
 
     data = load_dataset(CollectionRecipe.from_file(DATASETS[dataset]).dataset_id)
     if data.total_episodes < episodes:
@@ -90,7 +90,7 @@ def offline_algo(method: str, buffer, updates: int, seed: int):
 
 def online_policy(job: dict, args, run_dir: Path):
     """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes."""
-    from morca_env import benchmark
+    from morca_env.evaluation import benchmark
 
     method, seed, episodes = job["method"], job["seed"], args.online_episodes
     env = benchmark.training_env(ENV_ID)
@@ -132,7 +132,8 @@ def run_job(job: dict, args) -> dict:
 
     torch.set_num_threads(1)
     import morca_env  # noqa: F401
-    from morca_env import benchmark, schedulers
+    from morca_env.evaluation import benchmark
+    from morca_env import schedulers
 
     env = benchmark.make_env(ENV_ID)
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def finished_run(path: Path) -> dict | None:
 
 def check_fingerprint(out: Path, args) -> None:
     """Refuse a rerun into `out` whose settings differ from the ones its runs were made with."""
-    from morca_env.io import atomic_write_text
+    from morca_env.utils.io import atomic_write_text
 
     path = out / "settings.json"
     mine = {k: getattr(args, k) for k in FINGERPRINT}
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
         p.error(f"--out {out} is a file; give a directory")
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    from morca_env.io import atomic_write_text, exclusive_lock
+    from morca_env.utils.io import atomic_write_text, exclusive_lock
 
     failed = []
     with exclusive_lock(out / ".lock", f"leaderboard {out}"):  # one writer: two would run every job twice

@@ -16,7 +16,7 @@ import sys
 import morca_env  # noqa: F401
 from morca_env.cli import (add_run_arguments, add_training_env_arguments, positive_int, refuse_to_overwrite,
                            show_library_messages, make_training_env)
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 from morca_env.vector import single_env
 from agents.reinforce import Reinforce, ReinforceConfig
 

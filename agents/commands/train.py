@@ -26,9 +26,9 @@ from agents.training import FINAL
 from morca_env.cli import (add_run_arguments, check_run_arguments, positive_int, record_run_arguments,
                            refuse_to_overwrite, show_library_messages)
 from morca_env.data import first_episodes, to_replay_buffer
-from morca_env.dataset_integrity import load_dataset
+from morca_env.data.integrity import load_dataset
 from morca_env.schedulers.fixed import StaticSchedule
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 
 
 def parse_args(argv=None):

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from morca_env.references import cache_files, cache_limit_bytes, default_cache_dir, trim_cache
+from morca_env.diffusion.reference_videos import cache_files, cache_limit_bytes, default_cache_dir, trim_cache
 
 
 def main(argv=None) -> int:

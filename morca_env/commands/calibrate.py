@@ -5,7 +5,7 @@
     morca calibrate --env MorcaTiny-v0 --packaged       # update the package default
     morca calibrate --env MorcaTiny-v0 --thresholds     # SeaCache threshold -> speedup map g(rho)
 
-How it measures: `morca_env.calibrate` (stock no-cache generation against uniform
+How it measures: `morca_env.speedup.measure` (stock no-cache generation against uniform
 K-reuse env episodes, interleaved rounds, mean latency per K, each timed run the
 fastest of `--timing-repeats`). The env picks the fit up
 automatically (user file first). Wall-clock ratios drift with the machine's
@@ -30,10 +30,10 @@ import numpy as np
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env.calibrate import measure_calibration
-from morca_env.calibration_files import calibration_file
+from morca_env.speedup.measure import measure_calibration
+from morca_env.speedup.files import calibration_file
 from morca_env.rollout import rollout
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 from morca_env.cli import (env_id, json_dict, nonnegative_int, output_file, positive_int, show_library_messages,
                            thread_count)
 
@@ -42,9 +42,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="morca calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", type=env_id, default="MorcaTiny-v0", help="registered env id")
     p.add_argument("--env-kwargs", type=json_dict, default={}, help="JSON dict of extra env kwargs")
-    p.add_argument("--budgets", type=nonnegative_int, nargs="*", help="K values (default: morca_env.calibrate.default_budgets, denser near K_max)")
+    p.add_argument("--budgets", type=nonnegative_int, nargs="*", help="K values (default: morca_env.speedup.measure.default_budgets, denser near K_max)")
     p.add_argument("--repeats", type=positive_int, default=6, help="rounds over all budgets")
-    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.utils.threads)")
     p.add_argument("--timing-repeats", type=positive_int, default=3,
                    help="each timed run counts by its fastest of this many back-to-back runs (1: single runs)")
     p.add_argument("--out", type=output_file, help="output JSON (default: the user calibration dir)")
@@ -55,8 +55,8 @@ def parse_args(argv=None):
 
 
 def calibrate_thresholds(args, kwargs) -> int:
-    from morca_env.calibration_files import ThresholdMap
-    from morca_env.schedulers.seacache import SeaCacheThreshold
+    from morca_env.speedup.files import ThresholdMap
+    from morca_env.schedulers.rules.seacache import SeaCacheThreshold
 
     env = gym.make(args.env, budget=0, enforce_budget=False, **kwargs).unwrapped
     rng = np.random.default_rng(0)
@@ -82,7 +82,7 @@ def calibrate_thresholds(args, kwargs) -> int:
     tmap = ThresholdMap(speedups, thresholds, source=f"morca calibrate --env {args.env} --thresholds --prompts {args.prompts}, "
                                                       f"{time.strftime('%Y-%m-%d')}")
     out = args.out or calibration_file(f"{name}_threshold.json", "packaged" if args.packaged else "user")
-    from morca_env.io import atomic_write_text
+    from morca_env.utils.io import atomic_write_text
 
     atomic_write_text(out, json.dumps(tmap.to_dict(), indent=2) + "\n")
     print(f"saved to {out}")

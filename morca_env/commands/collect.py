@@ -27,8 +27,8 @@ from pathlib import Path
 
 from morca_env.cli import json_dict, positive_int, show_library_messages, thread_count, worker_count
 from morca_env.data import CollectionRecipe, collect_dataset
-from morca_env.executors import add_ray_arguments, executor_from_args
-from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
+from morca_env.parallel.executors import add_ray_arguments, executor_from_args
+from morca_env.parallel.workers import DEFAULT_NUM_ENVS, default_num_envs
 
 
 def recipe_file(text: str) -> Path:

@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 from morca_env.data import episode_options  # noqa: E402
-from morca_env.dataset_integrity import load_dataset  # noqa: E402
-from morca_env.io import atomic_path  # noqa: E402
+from morca_env.data.integrity import load_dataset  # noqa: E402
+from morca_env.utils.io import atomic_path  # noqa: E402
 
 
 def directory_size(path: Path) -> int:

@@ -52,8 +52,8 @@ from pathlib import Path
 from morca_env.cli import (env_id, json_dict, nonnegative_int, output_directory, positive_int, show_library_messages,
                            speedup, thread_count, worker_count)
 from morca_env.evaluation.runner import DEFAULT_BASELINES, DEFAULT_METHODS, EvaluationConfig, evaluate
-from morca_env.executors import add_ray_arguments, executor_from_args
-from morca_env.threads import configure_threads
+from morca_env.parallel.executors import add_ray_arguments, executor_from_args
+from morca_env.utils.threads import configure_threads
 
 
 def main(argv=None) -> int:
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=output_directory, default=Path("runs/eval"))
     p.add_argument("--videos", type=nonnegative_int, default=3, help="prompts to render side by side (at the middle target)")
     p.add_argument("--lpips", action="store_true", help="compute LPIPS (needs AlexNet weights in $TORCH_HOME)")
-    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.threads)")
+    p.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: chosen from the free cores, see morca_env.utils.threads)")
     p.add_argument("--calibrate", type=nonnegative_int, default=0, metavar="ROUNDS",
                    help="measure the speedup calibration first (ROUNDS rounds over ~10 budgets, ~0.5 s per episode "
                         "on MorcaTiny) and use it; saved to <out>/calibration.json and reused on resume. "

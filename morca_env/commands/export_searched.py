@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.prompts import evaluation_prompts, get_suite
-from morca_env.search import searched_episodes
+from morca_env.evaluation.search import searched_episodes
 from morca_env.cli import output_file, positive_int
 
 

@@ -8,7 +8,7 @@
     morca fit-fixed --budgets 26 27 28 31 32 33 36 37 40 41 42 --prompts 'tiny-train[::464]' --evaluations 80 \
         --select-on 'tiny-train[11:2651:132]' --save packaged
 
-One `morca_env.search` hill climb per K (each candidate played on every
+One `morca_env.evaluation.search` hill climb per K (each candidate played on every
 training prompt); resumable (`--out` keeps every evaluated episode). With
 `--select-on`, each K keeps whichever of its fitted schedule, uniform spacing and
 (merging into a file) the schedule the file served at that K before scores best
@@ -30,11 +30,11 @@ import gymnasium as gym
 from tqdm import tqdm
 
 import morca_env  # noqa: F401
-from morca_env.io import atomic_write_text
-from morca_env.calibration_files import calibration_file
+from morca_env.utils.io import atomic_write_text
+from morca_env.speedup.files import calibration_file
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite, is_evaluation_suite
-from morca_env.search import SearchConfig, SearchTask, search_many
+from morca_env.evaluation.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import env_id, json_dict, nonnegative_int, output_directory, positive_int, thread_count, worker_count
 
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
                                "evaluations": r["evaluations"]} for r in results}
     if validation:
         from morca_env.schedulers.fixed import StaticSchedule
-        from morca_env.search import validated_schedule
+        from morca_env.evaluation.search import validated_schedule
 
         env = gym.make(args.env, **{"lpips": False, "latent_features": False, **env_kwargs})
         served = StaticSchedule(old["schedules"]) if old.get("schedules") else None

@@ -25,12 +25,12 @@ import gymnasium as gym
 
 import morca_env  # noqa: F401
 from morca_env.cli import env_id, json_dict, show_library_messages, thread_count
-from morca_env.io import atomic_write_text
-from morca_env.calibration_files import calibration_file
+from morca_env.utils.io import atomic_write_text
+from morca_env.speedup.files import calibration_file
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite, is_evaluation_suite
 from morca_env.schedulers.rules import magcache, teacache
-from morca_env.threads import configure_threads
+from morca_env.utils.threads import configure_threads
 
 RULES = ("magcache", "teacache")
 

@@ -3,7 +3,7 @@
     morca references MorcaTiny-v0            # remakes the shipped file (~6 min on 2 CPU cores)
     morca references MorcaTiny-v0 --out refs.json
 
-They are the 0 and the 100 of `morca_env.benchmark`'s normalized score; the shipped
+They are the 0 and the 100 of `morca_env.evaluation.benchmark`'s normalized score; the shipped
 copy (morca_env/data_files/benchmark_references.json) was made by the first line.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 from morca_env.cli import thread_count
 
 

@@ -24,10 +24,10 @@ import gymnasium as gym
 import morca_env  # noqa: F401
 from morca_env.models.presets import preset_for_env
 from morca_env.prompts import get_suite
-from morca_env.search import SearchConfig, SearchTask, search_many
+from morca_env.evaluation.search import SearchConfig, SearchTask, search_many
 from morca_env.cli import (env_id, json_dict, nonnegative_int, output_directory, positive_int, show_library_messages,
                            speedup, thread_count, worker_count)
-from morca_env.executors import add_ray_arguments, executor_from_args
+from morca_env.parallel.executors import add_ray_arguments, executor_from_args
 
 
 def task_name(prompt: str, seed: int, budget: int) -> str:

@@ -5,7 +5,7 @@
 
 Minari keeps no checksum of its own; our loaders (`to_replay_buffer`, training, the leaderboard) check each
 episode as they read it, and this checks a whole dataset for a plain `minari.load_dataset` user
-(`morca_env.dataset_integrity.verify_dataset` from Python). Exit 1 names the file and episode that fail.
+(`morca_env.data.integrity.verify_dataset` from Python). Exit 1 names the file and episode that fail.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from morca_env.dataset_integrity import DatasetIntegrityError, verify_dataset
+from morca_env.data.integrity import DatasetIntegrityError, verify_dataset
 
 
 def main(argv=None) -> int:

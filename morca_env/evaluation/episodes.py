@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from .. import schedulers
-from ..calibrate import fastest, stock_seconds
+from ..speedup.measure import fastest, stock_seconds
 from ..rollout import rollout
 
 

@@ -19,13 +19,13 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import schedulers
-from ..calibrate import fastest, measure_calibration, stock_seconds
-from ..calibration_files import load_threshold_map
-from ..executors import WorkerFailed
-from ..governor import SpeedupGovernor
-from ..io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
-from ..video import side_by_side, write_video
-from ..workers import needs_gpu
+from ..speedup.measure import fastest, measure_calibration, stock_seconds
+from ..speedup.files import load_threshold_map
+from ..parallel.executors import WorkerFailed
+from ..speedup.governor import SpeedupGovernor
+from ..utils.io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
+from ..diffusion.video import side_by_side, write_video
+from ..parallel.workers import needs_gpu
 from .comparison import pending_matched
 from .episodes import GroupEvaluator, Methods, evaluate_episode, make_envs, run_episode, scheduler_step_cost, work_entry
 from .plots import plot_pareto, plot_schedules, schedule_rows

@@ -1,4 +1,4 @@
-"""The registered model settings (paper App. A); their speedup calibrations live in `morca_env.calibration_files`."""
+"""The registered model settings (paper App. A); their speedup calibrations live in `morca_env.speedup.files`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ..denoiser import DenoiserConfig
+from ..diffusion.denoiser import DenoiserConfig
 from . import scenes_data, tiny_data
 
 

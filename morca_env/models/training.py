@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..io import atomic_path, atomic_write_text
+from ..utils.io import atomic_path, atomic_write_text
 from . import pixel_model
 
 

@@ -8,13 +8,14 @@
 * `registry`: one registry (`make`, `names`, `register`, method specs such as `label=path`);
 * `schedule`: schedules as values (reaching a K, neighbours, keys);
 * `fixed`: the fixed schedules (uniform, given, best fixed, random, searched, jittered, replayed);
-* `seacache`, `rules/`: SeaCache and the caching rules of the literature, each in three forms;
+* `rules/`: SeaCache and the caching rules of the literature, each in three forms;
 * `behaviour`, `mixture`: the datasets' behaviour policies;
 * `anchored`: the best fixed schedule followed from any state, and the behaviour that collects data around it.
 Learned schedulers ("morca", "reinforce") are registered by the `agents` package.
 """
 
-from . import anchored, behaviour, fixed, mixture, seacache  # noqa: F401  (each registers its schedulers)
+from . import anchored, behaviour, fixed, mixture  # noqa: F401  (each registers its schedulers)
+from .rules import seacache  # noqa: F401
 from .base import PrecomputedSchedule, Scheduler, feasible, needs_exact_budget
 from .registry import (Entry, checkpoint_paths, entry, from_spec, is_seeded, make, names, parse_method,
                        refuse_caller_only_options, register)

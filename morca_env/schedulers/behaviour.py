@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..calibration_files import ThresholdMap
+from ..speedup.files import ThresholdMap
 from ..observation import Scalar
-from ..signals import seacache_reuses
+from ..diffusion.signals import seacache_reuses
 from .base import feasible, step_index
 from .registry import register
-from .seacache import threshold_map_for
+from .rules.seacache import threshold_map_for
 
 
 def smoothstep_curve(num_steps: int, positions, values) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Fixed schedules: each episode's whole schedule is known at reset (uniform, given, best fixed, random, searched,
 jittered, replayed). They read nothing of the run, so they are the references every learned scheduler is held to:
-the best fixed schedule is the bar (`morca_env.benchmark`)."""
+the best fixed schedule is the bar (`morca_env.evaluation.benchmark`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..calibration_files import find_calibration_file
-from ..io import read_json
+from ..speedup.files import find_calibration_file
+from ..utils.io import read_json
 from .base import PrecomputedSchedule
 from .registry import register
 from .schedule import Moves, adjust_reuses, propose
@@ -54,7 +54,7 @@ class FixedSchedule(PrecomputedSchedule):
 class StaticSchedule(PrecomputedSchedule):
     """The best fixed schedule: for each K, the one schedule with the highest mean PSNR over training prompts.
 
-    `schedules` maps K to a schedule found by `morca_env.search` (`morca fit-fixed`).
+    `schedules` maps K to a schedule found by `morca_env.evaluation.search` (`morca fit-fixed`).
     A K without its own entry takes the nearest fitted K's schedule and adds the
     missing reuses (or removes the extra ones) where they keep recomputes most
     evenly spaced, so every K is served.
@@ -127,7 +127,7 @@ class RandomFeasible(PrecomputedSchedule):
 
 @register("searched")
 class SearchedSchedules(PrecomputedSchedule):
-    """The per-prompt oracle: plays the schedule `morca_env.search` found for this (prompt, seed, K).
+    """The per-prompt oracle: plays the schedule `morca_env.evaluation.search` found for this (prompt, seed, K).
 
     Reads the `<name>.json` results of `morca search` in `path`; an episode
     without a search result is an error, never a silent fallback.

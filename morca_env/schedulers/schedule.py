@@ -46,7 +46,7 @@ def _spacing(schedule: list[int], i: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Moves:
-    """How `propose` moves a schedule (`morca_env.search.SearchConfig` has the same three fields)."""
+    """How `propose` moves a schedule (`morca_env.evaluation.search.SearchConfig` has the same three fields)."""
 
     max_shift: int = 2  # a near move shifts one step by 1 .. max_shift free steps
     far_fraction: float = 0.0  # share of proposals that swap a random reuse with a random recompute

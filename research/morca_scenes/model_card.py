@@ -29,13 +29,13 @@ import torch
 from tqdm import tqdm
 
 import morca_env
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-from morca_env.io import atomic_write_text
-from morca_env.metrics import to_uint8
+from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.utils.io import atomic_write_text
+from morca_env.diffusion.metrics import to_uint8
 from morca_env.models import scenes
 from morca_env.models.scenes_data import parse_prompt, prompt_following
 from morca_env.prompts import get_suite
-from morca_env.video import write_video
+from morca_env.diffusion.video import write_video
 
 FACTORS = ("motion", "count", "background", "event", "scale", "colour")
 

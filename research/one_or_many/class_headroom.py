@@ -28,12 +28,13 @@ import gymnasium as gym
 import numpy as np
 
 import morca_env  # noqa: F401
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.prompts import get_suite
 from morca_env.schedulers.fixed import StaticSchedule, UniformInterval
-from morca_env.search import EvaluationLog, SearchConfig, SearchTask, schedule_key, schedule_objective, search_many
-from morca_env.search import validated_schedule
-from morca_env.workers import map_on_envs
+from morca_env.evaluation.search import (
+    EvaluationLog, SearchConfig, SearchTask, schedule_key, schedule_objective, search_many)
+from morca_env.evaluation.search import validated_schedule
+from morca_env.parallel.workers import map_on_envs
 
 TESTBEDS = {  # env -> (model, training suite, evaluation suite)
     "MorcaScenes-v0": ("scenes", "scenes-train", "scenes-eval"),
@@ -171,7 +172,7 @@ def evaluate(args, split: dict, k: int, schedules: dict) -> None:
 
 def psnr_table(path: Path) -> dict:
     """{(prompt, seed, schedule key): psnr} of one evaluation log."""
-    from morca_env.io import read_json_lines
+    from morca_env.utils.io import read_json_lines
 
     return {(r["prompt"], int(r["seed"]), r["schedule"]): float(r["psnr"]) for r in read_json_lines(path)}
 

@@ -23,10 +23,10 @@ import gymnasium as gym
 import numpy as np
 
 import morca_env  # noqa: F401
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.schedulers.fixed import StaticSchedule
-from morca_env.search import schedule_key
-from morca_env.workers import map_on_envs
+from morca_env.evaluation.search import schedule_key
+from morca_env.parallel.workers import map_on_envs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from class_headroom import ENV_KWARGS, TESTBEDS, _evaluate, class_pairs, psnr_table, slug  # noqa: E402

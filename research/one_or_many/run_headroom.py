@@ -21,11 +21,11 @@ import gymnasium as gym
 import numpy as np
 
 import morca_env  # noqa: F401
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.prompts import get_suite
 from morca_env.schedulers.fixed import StaticSchedule
-from morca_env.search import SearchConfig, SearchTask, schedule_key, search_many
-from morca_env.workers import map_on_envs
+from morca_env.evaluation.search import SearchConfig, SearchTask, schedule_key, search_many
+from morca_env.parallel.workers import map_on_envs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from class_headroom import ENV_KWARGS, TESTBEDS, _evaluate, content_class, mean_ci, psnr_table, slug  # noqa: E402

@@ -28,12 +28,12 @@ import numpy as np
 
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from selector_library import FEATURE_KINDS, feature_vector, fit_by_cv, greedy_library, play_on_runs, realised
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.prompts import get_suite
-from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.threads import configure_threads
+from morca_env.evaluation.search import SearchConfig, SearchTask, search_many
+from morca_env.utils.threads import configure_threads
 
 RESERVED = ("tiny-train[::464]", "tiny-train[11::132]")  # the best fixed schedule's fit and validation prompts
 ALPHAS = (0.3, 1.0, 3.0, 10.0, 30.0)
@@ -50,7 +50,7 @@ def ci(values) -> str:
 
 def save_library(where: str, env, budget: int, entry: dict) -> Path:
     """Add (or replace) K's entry of a library file, written atomically."""
-    from morca_env.calibration_files import calibration_file
+    from morca_env.speedup.files import calibration_file
 
     filename = f"{env.preset.name}_library.json"
     path = calibration_file(filename, where) if where in ("user", "packaged") else Path(where)

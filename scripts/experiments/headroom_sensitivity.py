@@ -22,15 +22,15 @@ import numpy as np
 import torch
 
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
-from morca_env.io import atomic_write_text
-from morca_env.threads import configure_threads
+from morca_env.utils.io import atomic_write_text
+from morca_env.utils.threads import configure_threads
 
 def nudged_psnrs(env, job) -> tuple[int, float, list[float]]:
     """PSNR of each member on (prompt, seed) with the noise nudged by eps, against that run's own reference."""
-    from morca_env.metrics import to_uint8, video_metrics
+    from morca_env.diffusion.metrics import to_uint8, video_metrics
 
     index, prompt, seed, eps, members = job
-    env = env.unwrapped  # one env per worker process (`morca_env.workers`)
+    env = env.unwrapped  # one env per worker process (`morca_env.parallel.workers`)
     den = env.side_run()
     try:
         noise = den.start(prompt=prompt, seed=seed).clone()
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
             for eps in args.eps if (b, float(eps)) not in done]
     from tqdm import tqdm
 
-    from morca_env.workers import map_on_envs
+    from morca_env.parallel.workers import map_on_envs
 
     kwargs = {"lpips": False, "latent_features": False, **args.env_kwargs}
     with open(log, "a") as f:

@@ -8,7 +8,7 @@ the run reaches it (docs/results/scheduler_tiny.md). Two different things could 
 cached run closer to the no-cache run all along (the errors are smaller: a scheduler with a good error estimate
 could, in principle, follow it), or its errors are as large on the way and cancel in the last steps (the gain is in
 the final PSNR only, and nothing observable during the run announces it). This searches each (prompt, seed) from
-the best fixed schedule (`morca_env.search`, resumable, parallel), replays the no-cache run, the best fixed
+the best fixed schedule (`morca_env.evaluation.search`, resumable, parallel), replays the no-cache run, the best fixed
 schedule and the searched one step by step, and measures at every step the distance of the latent x_t and of
 the predicted clean video x0 = x_t - sigma_t v_t to the no-cache run's. Writes trajectory.md, trajectory.json
 and trajectory.png under --out; training prompts only.
@@ -26,11 +26,11 @@ import torch
 
 import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.prompts import get_suite
-from morca_env.search import SearchConfig, SearchTask, search_many
-from morca_env.threads import configure_threads
+from morca_env.evaluation.search import SearchConfig, SearchTask, search_many
+from morca_env.utils.threads import configure_threads
 
 
 def run_states(den, schedule, prompt: str, seed: int, branch_steps=()) -> tuple[list, list, torch.Tensor, dict]:
@@ -65,7 +65,7 @@ def compare(env, pairs, schedules: dict[str, list[list[int]]], branch_steps: lis
     finished without cache from each of `branch_steps` on."""
     from tqdm import tqdm
 
-    from morca_env.metrics import to_uint8, video_metrics
+    from morca_env.diffusion.metrics import to_uint8, video_metrics
 
     def psnr(video, reference) -> float:
         return env.terminal_reward(float(video_metrics(to_uint8(video), reference, None)["psnr"]))

@@ -4,7 +4,7 @@ other seeds, or other prompts?
     python scripts/experiments/headroom_transfer.py --prompts 'tiny-train[7::1100]' --seeds 3 --budget 35 --evaluations 60 \
         --workers 2 --out runs/transfer
 
-Searches every (prompt, seed) pair at one K (`morca_env.search`, resumable, parallel), then plays every found
+Searches every (prompt, seed) pair at one K (`morca_env.evaluation.search`, resumable, parallel), then plays every found
 schedule, uniform spacing and the best fixed schedule on every pair (`search.transfer_matrix`), and reports a
 searched schedule's gain over the best fixed schedule on its own pair, on the same prompt under the other seeds,
 and on the other prompts. If the gain survives a change of seed, a scheduler that knows the prompt could reach it;
@@ -26,8 +26,8 @@ import morca_env  # noqa: F401  (registers the envs)
 from morca_env.cli import experiment_parser, positive_int, show_library_messages
 from morca_env.schedulers.fixed import StaticSchedule, UniformInterval
 from morca_env.prompts import get_suite
-from morca_env.search import SearchConfig, SearchTask, search_many, transfer_matrix
-from morca_env.threads import configure_threads
+from morca_env.evaluation.search import SearchConfig, SearchTask, search_many, transfer_matrix
+from morca_env.utils.threads import configure_threads
 
 SEED_STRIDE = 7919
 

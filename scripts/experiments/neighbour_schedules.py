@@ -23,8 +23,8 @@ import morca_env  # noqa: F401
 from morca_env.cli import json_dict, nonnegative_int
 from morca_env.prompts import get_suite
 from morca_env.schedulers.fixed import StaticSchedule
-from morca_env.search import validated_schedule
-from morca_env.threads import configure_threads
+from morca_env.evaluation.search import validated_schedule
+from morca_env.utils.threads import configure_threads
 
 
 def neighbour_scores(env, schedules: StaticSchedule, budget: int, pairs) -> dict:

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from morca_env.budget import BudgetSpec
-from morca_env.calibration_files import find_calibration_file
+from morca_env.speedup.files import find_calibration_file
 from morca_env.schedulers import register
 from morca_env.schedulers.base import feasible, step_index
 from morca_env.schedulers.fixed import StaticSchedule
 from morca_env.schedulers.schedule import adjust_reuses, schedule_key
-from morca_env.search import EvaluationLog, Pair, SchedulePlayer
-from morca_env.workers import map_on_envs
+from morca_env.evaluation.search import EvaluationLog, Pair, SchedulePlayer
+from morca_env.parallel.workers import map_on_envs
 
 
 # ------------------------------------------------------------------ the library
@@ -100,7 +100,7 @@ class SwitchReader:
         self.first = self.last if self.first is None else self.first
 
     def read(self) -> dict[str, np.ndarray]:
-        from morca_env.features import latent_features
+        from morca_env.diffusion.features import latent_features
 
         if self.last is None:
             raise ValueError("the prefix has no compute step: nothing to read")

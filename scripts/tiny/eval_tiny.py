@@ -33,16 +33,16 @@ from tqdm import tqdm
 
 from schedule_analysis import run_schedule
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-from morca_env.io import atomic_path
-from morca_env.metrics import to_uint8
+from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.utils.io import atomic_path
+from morca_env.diffusion.metrics import to_uint8
 from morca_env.models import tiny
 from morca_env.models.tiny_data import prompt_following
 from morca_env.prompts import get_suite
 from tiny_probe import direction_commit_sigmas, prompt_sensitivity
 from morca_env.schedulers.fixed import RandomFeasible
-from morca_env.schedulers.seacache import exact_schedule
-from morca_env.video import write_video
+from morca_env.schedulers.rules.seacache import exact_schedule
+from morca_env.diffusion.video import write_video
 
 
 def spearman(a, b) -> float:

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
 
         train_testbed.main(["--model", "tiny", "--steps", str(args.steps), "--threads", str(args.threads), "--out", str(args.out),
                          "--run-dir", f"{args.out}_run", "--resume", *args.train_args])
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tiny_probe import prompt_sensitivity
 
     torch.set_num_threads(args.threads)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from morca_env.denoiser import StepwiseDenoiser
-from morca_env.features import latent_features
-from morca_env.metrics import psnr, to_uint8
-from morca_env.signals import StepDistanceTracker, signal_input_for_step
+from morca_env.diffusion.denoiser import StepwiseDenoiser
+from morca_env.diffusion.features import latent_features
+from morca_env.diffusion.metrics import psnr, to_uint8
+from morca_env.diffusion.signals import StepDistanceTracker, signal_input_for_step
 
 
 @dataclass

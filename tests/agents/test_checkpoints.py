@@ -257,13 +257,13 @@ class Killed(BaseException):
 
 def test_a_save_interrupted_at_any_rename_leaves_a_pair_that_verifies(tmp_path, monkeypatch):
     """Overwriting a checkpoint in place: at every point of the save, the file matches a digest in its sidecar."""
-    import morca_env.io
+    import morca_env.utils.io
 
     path = tmp_path / "reinforce.safetensors"
     save_state({"w": torch.zeros(4)}, path, "reinforce")
-    real_replace = morca_env.io.os.replace
+    real_replace = morca_env.utils.io.os.replace
     renames = []
-    monkeypatch.setattr(morca_env.io.os, "replace", lambda a, b: (renames.append(b), real_replace(a, b)))
+    monkeypatch.setattr(morca_env.utils.io.os, "replace", lambda a, b: (renames.append(b), real_replace(a, b)))
     save_state({"w": torch.ones(4)}, path, "reinforce")
     assert len(renames) >= 2  # the tensors file and its sidecar at least
     for stop in range(len(renames)):
@@ -276,10 +276,10 @@ def test_a_save_interrupted_at_any_rename_leaves_a_pair_that_verifies(tmp_path, 
                 raise Killed
             real_replace(a, b)
 
-        monkeypatch.setattr(morca_env.io.os, "replace", dies_at_the_stop_th_rename)
+        monkeypatch.setattr(morca_env.utils.io.os, "replace", dies_at_the_stop_th_rename)
         with pytest.raises(Killed):
             save_state({"w": torch.ones(4)}, path, "reinforce")
-        monkeypatch.setattr(morca_env.io.os, "replace", real_replace)
+        monkeypatch.setattr(morca_env.utils.io.os, "replace", real_replace)
         weights = load_state(path).state["w"]  # the old checkpoint or the new one, never "damaged"
         assert torch.equal(weights, torch.zeros(4)) or torch.equal(weights, torch.ones(4)), stop
 

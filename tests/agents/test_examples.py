@@ -50,7 +50,7 @@ def test_cleanrl_style_loop():
 
 def test_d3rlpy_algorithms_on_the_default_buffer(tmp_path, monkeypatch):
     pytest.importorskip("d3rlpy")  # the [agents] extra
-    from morca_env import benchmark
+    from morca_env.evaluation import benchmark
     from morca_env.data import collect_dataset
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))

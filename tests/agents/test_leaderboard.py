@@ -69,7 +69,7 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
 
 
 def test_a_second_writer_of_one_out_is_refused(tmp_path):
-    from morca_env.io import exclusive_lock
+    from morca_env.utils.io import exclusive_lock
 
     out = tmp_path / "lb"
     with exclusive_lock(out / ".lock", "the first leaderboard"):

@@ -294,7 +294,7 @@ def test_malformed_files_and_options_are_named(tmp_path):
     the entry and what is valid (they gave raw JSONDecodeError, TypeError, KeyError or numpy errors)."""
     from morca_env import schedulers
     from morca_env.budget import SpeedupCalibration
-    from morca_env.calibration_files import ThresholdMap
+    from morca_env.speedup.files import ThresholdMap
     from morca_env.schedulers.fixed import StaticSchedule
 
     torn = tmp_path / "torn.json"
@@ -325,7 +325,7 @@ def test_malformed_files_and_options_are_named(tmp_path):
 def test_an_output_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
     import tempfile
 
-    from morca_env.io import writable_directory
+    from morca_env.utils.io import writable_directory
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -348,7 +348,7 @@ def test_an_output_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
 def test_a_prompt_the_text_encoder_truncates_warns_once():
     import warnings
 
-    from morca_env.denoiser import warn_if_truncated
+    from morca_env.diffusion.denoiser import warn_if_truncated
 
     class Tokenizer:
         def __call__(self, text, add_special_tokens=True):
@@ -367,8 +367,8 @@ def test_a_prompt_the_text_encoder_truncates_warns_once():
 def test_a_second_search_into_one_output_is_refused_naming_the_holder(tmp_path):
     import os
 
-    from morca_env.io import exclusive_lock
-    from morca_env.search import SearchTask, search_many
+    from morca_env.utils.io import exclusive_lock
+    from morca_env.evaluation.search import SearchTask, search_many
 
     with exclusive_lock(tmp_path / ".lock", "test"):
         with pytest.raises(RuntimeError, match=f"schedule search {tmp_path} is being written by another process "
@@ -391,7 +391,7 @@ def test_train_refuses_a_run_dir_holding_a_run_unless_resumed(tmp_path, marker):
 
 def test_counts_beyond_what_exists_are_refused_by_name(tmp_path, monkeypatch):
     """evaluate --prompts 1000000, pair_step=10**9 and calibrate --budgets 999 were accepted."""
-    from morca_env import benchmark
+    from morca_env.evaluation import benchmark
     from morca_env.commands import calibrate, evaluate
 
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path))
@@ -407,7 +407,7 @@ def test_counts_beyond_what_exists_are_refused_by_name(tmp_path, monkeypatch):
 @pytest.mark.parametrize("line, fragment", [("[1, 2]", "line 2 is a JSON list, not a row of this log"),
                                             ('{"prompt": "a"}', "line 2 lacks 'seed', 'schedule', 'reward'")])
 def test_a_valid_json_line_that_is_not_a_row_is_named_with_its_line(tmp_path, line, fragment):
-    from morca_env.search import EvaluationLog
+    from morca_env.evaluation.search import EvaluationLog
 
     log = tmp_path / "search.jsonl"
     log.write_text(json.dumps({"prompt": "a", "seed": 0, "schedule": "0101", "reward": 30.0, "psnr": 30.0}) + "\n"
@@ -417,7 +417,7 @@ def test_a_valid_json_line_that_is_not_a_row_is_named_with_its_line(tmp_path, li
 
 
 def test_a_missing_dataset_names_the_root_and_how_to_make_it_not_a_download(tmp_path, monkeypatch):
-    from morca_env.dataset_integrity import load_dataset
+    from morca_env.data.integrity import load_dataset
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError) as caught:

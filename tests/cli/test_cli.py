@@ -49,7 +49,7 @@ def test_no_script_duplicates_a_morca_command():
 def test_a_refused_collection_is_one_line_without_a_traceback_unless_debug(tmp_path, monkeypatch, capsys):
     """A concurrent writer (the lock held here) is the package's own error: one line on stderr and exit 1."""
     from morca_env.data import CollectionRecipe, staging_root
-    from morca_env.io import exclusive_lock
+    from morca_env.utils.io import exclusive_lock
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))

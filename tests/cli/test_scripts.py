@@ -199,7 +199,7 @@ def test_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tm
 
 def test_calibration_table_explains_a_speedup_below_one_at_k0():
     from morca_env.budget import SpeedupCalibration
-    from morca_env.calibrate import CalibrationMeasurement
+    from morca_env.speedup.measure import CalibrationMeasurement
 
     calib = SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48)
     text = CalibrationMeasurement(calib, [0, 24], {0: 0.84, 24: 0.45}, 0.758).table()

@@ -4,7 +4,7 @@ import torch
 
 import morca_env
 from morca_env.schedulers.fixed import RandomFeasible, UniformInterval
-from morca_env.schedulers.seacache import SeaCacheThreshold
+from morca_env.schedulers.rules.seacache import SeaCacheThreshold
 from tests.conftest import make_pipe, prompt_embeds
 
 CALL = dict(height=32, width=32, num_frames=9, num_inference_steps=12, output_type="latent", guidance_scale=5.0)
@@ -74,7 +74,7 @@ def test_accelerate_matches_the_env_schedule_and_video(tmp_path):
                                   **{**CALL, "output_type": "np"})
     assert result.schedule == info["schedule"]
     video = torch.from_numpy(result.output.frames[0])
-    assert (morca_env.metrics.to_uint8(video) == env.unwrapped.last_video).float().mean() > 0.99
+    assert (morca_env.diffusion.metrics.to_uint8(video) == env.unwrapped.last_video).float().mean() > 0.99
 
 
 def test_speedup_uses_calibration_and_bad_input():
@@ -90,9 +90,9 @@ def test_speedup_uses_calibration_and_bad_input():
 
 
 def test_wan_structure_is_the_same_for_the_denoiser_and_accelerate(wan22_pipe):
-    """Forced steps and the expert switch come from one place (morca_env.wan_structure)."""
-    from morca_env import wan_structure
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    """Forced steps and the expert switch come from one place (morca_env.diffusion.wan_structure)."""
+    from morca_env.diffusion import wan_structure
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
 
     for steps in (6, 12, 20):
         den = StepwiseDenoiser(wan22_pipe, DenoiserConfig(num_inference_steps=steps, height=16, width=16, num_frames=5))
@@ -108,9 +108,9 @@ def test_the_calibration_follows_the_pipelines_model(monkeypatch):
     2x); now the transformer's config names the model, and an unknown architecture is refused."""
     from types import SimpleNamespace
 
-    from morca_env.calibration_files import calibration_for_pipeline, load_calibration
+    from morca_env.speedup.files import calibration_for_pipeline, load_calibration
     from morca_env.models import tiny
-    from morca_env.wan_structure import budget_spec
+    from morca_env.diffusion.wan_structure import budget_spec
 
     def pipe_of(config, second=None):
         return SimpleNamespace(transformer=SimpleNamespace(config=config), transformer_2=second)
@@ -127,7 +127,7 @@ def test_the_calibration_follows_the_pipelines_model(monkeypatch):
     with pytest.raises(ValueError, match="no speedup calibration is known"):
         morca_env.accelerate(small, UniformInterval(), speedup=2.0, **call(small))
     # accelerate's default: the named model's curve (a Wan2.1 curve here would give another K)
-    monkeypatch.setattr("morca_env.calibration_files.calibration_for_pipeline", lambda pipe: "tiny")
+    monkeypatch.setattr("morca_env.speedup.files.calibration_for_pipeline", lambda pipe: "tiny")
     max_budget = budget_spec(small, CALL["num_inference_steps"]).max_budget
     tiny_k = load_calibration("tiny", 12, max_budget).budget_for_speedup(2.5)
     assert tiny_k != load_calibration("wan21", 12, max_budget).budget_for_speedup(2.5)

@@ -3,8 +3,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from morca_env.cache import ResidualCache
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.diffusion.cache import ResidualCache
+from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
 from tests.conftest import prompt_embeds
 
 CFG = DenoiserConfig(num_inference_steps=8, height=32, width=32, num_frames=9, max_sequence_length=8)
@@ -421,7 +421,7 @@ class ConvCounter:
 def test_patch_embedding_runs_once_per_step_for_the_signal_and_both_branches(wan21_pipe):
     """The signal computes the step's patch embedding before the decision; both CFG branches' transformer calls
     get it from the memo (before: 3 convolutions per step; stock generation: 2)."""
-    from morca_env.signals import signal_input_for_step
+    from morca_env.diffusion.signals import signal_input_for_step
 
     den = StepwiseDenoiser(wan21_pipe, CFG)
     counter = ConvCounter(den.experts[0].patch_embedding)

@@ -4,7 +4,7 @@ import gymnasium as gym
 import pytest
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.calibrate import fastest, measure_calibration
+from morca_env.speedup.measure import fastest, measure_calibration
 
 
 def test_fastest_takes_the_minimum_of_exactly_r_runs():
@@ -54,7 +54,8 @@ def test_measure_calibration_times_each_point_as_the_fastest_of_r_runs(tmp_path)
 
 def test_calibration_files_are_written_where_asked_and_found_user_first(tmp_path, monkeypatch):
     """One home for calibration files: the user's copy (under the cache root) wins over the packaged one."""
-    from morca_env.calibration_files import calibration_file, find_calibration_file, load_calibration, packaged_calibration_path
+    from morca_env.speedup.files import (
+        calibration_file, find_calibration_file, load_calibration, packaged_calibration_path)
 
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
     user = calibration_file("tiny.json")

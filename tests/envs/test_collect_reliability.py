@@ -173,7 +173,7 @@ def test_a_changed_value_anywhere_in_an_episode_is_caught_naming_file_and_episod
     episode against the checksum recorded at build time."""
     import minari
 
-    from morca_env.dataset_integrity import DatasetIntegrityError, verify_dataset
+    from morca_env.data.integrity import DatasetIntegrityError, verify_dataset
 
     dataset = collect("test/tiny/sums-v0", 3, behavior="uniform")
     assert verify_dataset(dataset) == 3

@@ -230,7 +230,8 @@ def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, mo
     prints the card (recipe, behaviour, env kwargs, K histogram, mean PSNR)."""
     import minari
 
-    from morca_env import benchmark, schedulers
+    from morca_env.evaluation import benchmark
+    from morca_env import schedulers
 
     suite = benchmark.suite_of("MorcaTinyRandom-v0")
     env = benchmark.make_env("MorcaTinyRandom-v0")

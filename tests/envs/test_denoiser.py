@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
 from tests.conftest import prompt_embeds
 
 CFG = dict(num_inference_steps=12, height=32, width=32, num_frames=9, max_sequence_length=8)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from morca_env.features import feature_shapes, latent_features, stack_features
+from morca_env.diffusion.features import feature_shapes, latent_features, stack_features
 
 
 @pytest.mark.parametrize("channels,frames,h,w", [(16, 21, 60, 104), (3, 8, 32, 32), (4, 3, 4, 4)])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from morca_env import metrics
-from morca_env.metrics import Lpips, psnr, ssim, to_uint8, video_metrics
+from morca_env.diffusion import metrics
+from morca_env.diffusion.metrics import Lpips, psnr, ssim, to_uint8, video_metrics
 
 
 def video(seed=0, frames=3, h=8, w=10):

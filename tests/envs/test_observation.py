@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.features import latent_features, stack_features
+from morca_env.diffusion.features import latent_features, stack_features
 from morca_env.observation import (OBS_KEYS, NUM_SCALARS, ObservationBuilder, Scalar, as_flat, observation_space,
                                    parse_action, step_of)
-from morca_env.signals import relative_l1, sea_filter
+from morca_env.diffusion.signals import relative_l1, sea_filter
 
 N, K = 5, 2
 SIGMAS = [0.9, 0.7, 0.5, 0.3, 0.1]

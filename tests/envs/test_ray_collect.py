@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import morca_env.data as data
-import morca_env.workers as workers
+import morca_env.parallel.workers as workers
 from morca_env.data import collect_dataset, completed_indices, read_episode, staging_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def assert_same_episodes(a, b):
 @pytest.mark.slow
 @needs_ray
 def test_ray_collection_gives_the_multiprocessing_episodes(ray_runtime):
-    from morca_env.executors import RayExecutor
+    from morca_env.parallel.executors import RayExecutor
 
     dataset = collect("test/tiny/ray-v0", workers=2, executor=RayExecutor())
     assert_same_episodes(dataset, ray_runtime)
@@ -108,7 +108,7 @@ def _ray_worker_pids() -> list[int]:
 @needs_ray
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the Ray worker in /proc")
 def test_a_killed_ray_worker_loses_no_finished_episode_and_resume_finishes(ray_runtime, monkeypatch):
-    from morca_env.executors import RayExecutor
+    from morca_env.parallel.executors import RayExecutor
 
     written, killed = [], []
     real_write = data.write_episode
@@ -138,7 +138,7 @@ def test_a_killed_ray_worker_loses_no_finished_episode_and_resume_finishes(ray_r
 
 # ---------------------------------------------------------------- no Ray runtime needed
 def test_ray_address_without_ray_and_a_missing_ray_are_clear_errors(tmp_path, monkeypatch):
-    import morca_env.executors as executors
+    import morca_env.parallel.executors as executors
 
     recipe = tmp_path / "recipe.json"
     recipe.write_text('{"dataset_id": "test/tiny/cli-v0", "env_id": "MorcaTinyRandom-v0", "num_episodes": 1}')
@@ -155,7 +155,7 @@ def test_ray_address_without_ray_and_a_missing_ray_are_clear_errors(tmp_path, mo
 @pytest.mark.slow
 @needs_ray
 def test_more_workers_than_the_runtime_can_hold_is_refused_naming_the_range(ray_runtime):
-    from morca_env.executors import RayExecutor
+    from morca_env.parallel.executors import RayExecutor
 
     with pytest.raises(ValueError, match=r"workers=3 need 3 CPU\(s\) .*has 2: valid: workers in \[1, 2\]"):
         list(RayExecutor().map_unordered(abs, (), [1, 2, 3], workers=3))
@@ -172,8 +172,8 @@ def test_wan_envs_ask_for_a_gpu_per_worker_and_morca_tiny_does_not():
 @pytest.mark.slow
 @needs_ray
 def test_schedule_search_on_ray_finds_the_local_schedules(ray_runtime, tmp_path):
-    from morca_env.executors import RayExecutor
-    from morca_env.search import SearchConfig, SearchTask, search_many
+    from morca_env.parallel.executors import RayExecutor
+    from morca_env.evaluation.search import SearchConfig, SearchTask, search_many
 
     kwargs = {"budget": 4, "num_inference_steps": 10, "r_max": 200, "reference_cache_dir": str(tmp_path / "refs")}
     tasks = [SearchTask("a", (("a red circle", 1),), 3), SearchTask("b", (("a blue square", 2),), 4)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from morca_env.commands import cache as cache_command
-from morca_env.references import ReferenceCache, cache_files
+from morca_env.diffusion.reference_videos import ReferenceCache, cache_files
 
 
 def video(i: int) -> torch.Tensor:

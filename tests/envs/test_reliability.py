@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import morca_env
-from morca_env.io import atomic_write_text
+from morca_env.utils.io import atomic_write_text
 from morca_env.schedulers.fixed import UniformInterval
-from morca_env.references import ReferenceCache
+from morca_env.diffusion.reference_videos import ReferenceCache
 from tests.conftest import make_pipe, prompt_embeds
 
 FAST = dict(num_inference_steps=10, lpips=False)
@@ -147,12 +147,12 @@ def test_a_second_writer_of_one_output_fails_naming_the_first_ones_pid(tmp_path)
     import subprocess
     import sys
 
-    from morca_env.io import exclusive_lock
+    from morca_env.utils.io import exclusive_lock
 
     lock = tmp_path / ".lock"
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
-from morca_env.io import exclusive_lock
+from morca_env.utils.io import exclusive_lock
 with exclusive_lock({str(lock)!r}, "x"):
     print("held", flush=True)
     time.sleep(60)
@@ -170,7 +170,7 @@ with exclusive_lock({str(lock)!r}, "x"):
 
 
 def test_json_lines_reader_drops_only_a_torn_last_line(tmp_path):
-    from morca_env.io import read_json_lines
+    from morca_env.utils.io import read_json_lines
 
     log = tmp_path / "log.jsonl"
     log.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
@@ -190,7 +190,7 @@ def _die_on_two(env, job):
 def test_a_killed_worker_raises_instead_of_hanging_the_pool():
     """A worker killed mid-job (OOM killer, kill -9) must surface, not leave the caller waiting forever
     (multiprocessing.Pool loses the job and waits)."""
-    from morca_env.workers import WorkerDied, map_on_envs
+    from morca_env.parallel.workers import WorkerDied, map_on_envs
 
     kwargs = {"num_inference_steps": 4, "latent_features": False, "lpips": False}
     got = []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import morca_env
-from morca_env.calibration_files import calibration_for_pipeline, load_calibration
+from morca_env.speedup.files import calibration_for_pipeline, load_calibration
 from morca_env.models import scenes
 from morca_env.models.scenes_data import parse_prompt
 from morca_env.schedulers.fixed import UniformInterval
@@ -46,7 +46,7 @@ def test_make_vec_plays_four_episodes_in_one_batch(tmp_path):
 
 def test_benchmark_scores_against_the_shipped_references(tmp_path, monkeypatch):
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path))
-    from morca_env import benchmark
+    from morca_env.evaluation import benchmark
 
     result = benchmark.evaluate(UniformInterval(), "MorcaScenes-v0", targets=[3.0], pair_step=10, progress=False)
     assert result.suite == "scenes-eval[::6]" and all(parse_prompt(row["prompt"]) for row in result.rows)

@@ -3,8 +3,9 @@ import torch
 from diffusers import SeaCacheConfig
 
 from morca_env.env import MorcaEnv
-from morca_env.schedulers.seacache import SeaCacheThreshold
-from morca_env.signals import StepDistanceTracker, official_signal_input, relative_l1, sea_filter, seacache_reuses
+from morca_env.schedulers.rules.seacache import SeaCacheThreshold
+from morca_env.diffusion.signals import (
+    StepDistanceTracker, official_signal_input, relative_l1, sea_filter, seacache_reuses)
 from tests.conftest import make_pipe
 
 N = 20
@@ -242,7 +243,7 @@ def test_tracker_plans_the_filter_per_sigma_and_equals_the_public_functions():
 
 
 def _denoiser(pipe, steps=8):
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     den = StepwiseDenoiser(pipe, DenoiserConfig(num_inference_steps=steps, height=16, width=16, num_frames=5))
@@ -256,7 +257,7 @@ def test_signal_of_each_step_is_official_signal_input(kind, hooked):
     """The env's per-step signal (transformer read once per video, conv + layer norm fused) equals
     `official_signal_input` at every step, for both experts of Wan2.2, on the fused path and on the
     generic one a hooked patch embedding takes; and over a second video served from the memo."""
-    from morca_env.signals import signal_input_for_step
+    from morca_env.diffusion.signals import signal_input_for_step
 
     pipe = make_pipe(kind, with_text_encoder=False, with_vae=True)
     den, embeds = _denoiser(pipe)
@@ -277,7 +278,7 @@ def test_signal_of_each_step_is_official_signal_input(kind, hooked):
 def test_signal_through_an_affine_norm1_builds_no_graph(wan21_pipe):
     """A block-0 norm with trained affine weights (not Wan's) is called as a module, under no_grad: the signal
     equals `official_signal_input` and carries no autograd graph."""
-    from morca_env.signals import signal_input_for_step
+    from morca_env.diffusion.signals import signal_input_for_step
 
     den, embeds = _denoiser(wan21_pipe)
     block = den.experts[0].blocks[0]
@@ -298,7 +299,7 @@ def test_signal_through_an_affine_norm1_builds_no_graph(wan21_pipe):
 
 def test_signal_reads_the_weights_once_per_video(wan21_pipe):
     """A weight written mid-video is seen from the next video on (as a pipeline call reads its weights once)."""
-    from morca_env.signals import signal_input_for_step
+    from morca_env.diffusion.signals import signal_input_for_step
 
     den, embeds = _denoiser(wan21_pipe)
     den.start(seed=0, **embeds)

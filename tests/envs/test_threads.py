@@ -2,7 +2,7 @@
 
 import pytest
 
-from morca_env import threads
+from morca_env.utils import threads
 
 
 def test_default_uses_free_cores_split_among_workers(monkeypatch):
@@ -73,7 +73,7 @@ def test_the_library_logs_and_a_script_shows_it_once_on_stdout(capsys):
     import logging
 
     from morca_env.cli import show_library_messages
-    from morca_env.threads import configure_threads
+    from morca_env.utils.threads import configure_threads
 
     loggers = [logging.getLogger(name) for name in ("morca_env", "agents")]
     saved = [(list(logger.handlers), logger.level) for logger in loggers]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
 from morca_env.models import tiny, tiny_data
 from morca_env.models.tiny_data import (all_scenes, parse_prompt, prompt_following, render,
                                         vocabulary)

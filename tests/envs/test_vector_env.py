@@ -239,7 +239,7 @@ def test_bad_actions_and_steps_out_of_order_are_named(tmp_path):
 
 
 def test_a_batch_beyond_the_free_memory_is_refused_naming_both(tmp_path, monkeypatch):
-    import morca_env.denoiser as denoiser
+    import morca_env.diffusion.denoiser as denoiser
 
     probe = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
     per_video = denoiser.batch_memory_bytes(probe.denoiser, 1)
@@ -253,7 +253,7 @@ def test_a_batch_beyond_the_free_memory_is_refused_naming_both(tmp_path, monkeyp
 
 
 def test_batch_memory_estimate_grows_with_the_batch_and_the_video(tmp_path):
-    from morca_env.denoiser import batch_memory_bytes
+    from morca_env.diffusion.denoiser import batch_memory_bytes
 
     envs = MorcaVectorEnv(1, "tiny-random", reference_cache_dir=str(tmp_path), **KWARGS)
     one, eight = batch_memory_bytes(envs.denoiser, 1), batch_memory_bytes(envs.denoiser, 8)
@@ -341,7 +341,7 @@ def test_final_observation_reads_both_of_gymnasiums_layouts():
 
 
 def test_the_default_batch_is_8_for_morca_tiny_and_1_for_wan():
-    from morca_env.workers import DEFAULT_NUM_ENVS, default_num_envs
+    from morca_env.parallel.workers import DEFAULT_NUM_ENVS, default_num_envs
 
     assert DEFAULT_NUM_ENVS == 8 and default_num_envs("MorcaTiny-v0", {}) == 8
     assert default_num_envs("MorcaWan21-v0", {}) == default_num_envs("MorcaWan22-v0", {}) == 1

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import morca_env  # noqa: F401
-from morca_env import benchmark, schedulers
+from morca_env.evaluation import benchmark
+from morca_env import schedulers
 from morca_env.prompts import get_suite
 
 TEST_ENV = "MorcaTinyRandom-v0"  # the protocol check's suite: 4 pairs x 2 targets at 10 steps

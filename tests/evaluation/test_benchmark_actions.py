@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from morca_env import benchmark
-from morca_env.benchmark import CallablePolicy
+from morca_env.evaluation import benchmark
+from morca_env.evaluation.benchmark import CallablePolicy
 
 
 @pytest.mark.parametrize("returned", ["1", 0.9, 1.7, True, np.array([1, 0, 0]), float("nan"), float("inf"), "x", [],

@@ -126,7 +126,7 @@ def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_
     import pytest
 
     from morca_env.evaluation import evaluate
-    from morca_env.governor import SpeedupGovernor
+    from morca_env.speedup.governor import SpeedupGovernor
 
     methods = ("uniform", 'twin={"name": "uniform"}', "seacache-global")
     env_kwargs = {"num_inference_steps": 10, "latent_features": False, "reference_cache_dir": str(tmp_path / "refs")}

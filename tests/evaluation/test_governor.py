@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from morca_env.governor import SpeedupGovernor
+from morca_env.speedup.governor import SpeedupGovernor
 
 
 def simulate(governor, factors, rng):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from morca_env import benchmark
+from morca_env.evaluation import benchmark
 
 TEST_ENV = "MorcaTinyRandom-v0"
 

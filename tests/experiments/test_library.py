@@ -8,13 +8,13 @@ import torch
 
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, forced_recompute_steps
-from morca_env.denoiser import StepwiseDenoiser
+from morca_env.diffusion.denoiser import StepwiseDenoiser
 from selector_library import (FEATURE_NAMES, RidgeSelector, cross_validated_choice, greedy_library, play_on_runs,
                                realised, switch_features)
 from morca_env.schedulers.fixed import UniformInterval
 from morca_env.schedulers.schedule import adjust_reuses
 from morca_env.schedulers.schedule import propose
-from morca_env.search import SearchConfig, SearchTask, play_schedule, search_many
+from morca_env.evaluation.search import SearchConfig, SearchTask, play_schedule, search_many
 
 KWARGS = {"budget": 8, "num_inference_steps": 20, "r_max": 200}
 
@@ -209,7 +209,7 @@ def test_sensitivity_script_replays_the_runs_exactly_at_eps_zero(tmp_path):
     import sys
     from pathlib import Path
 
-    from morca_env.search import play_schedule
+    from morca_env.evaluation.search import play_schedule
 
     root = Path(__file__).resolve().parents[2]
     kwargs = {"num_inference_steps": 10, "r_max": 200, "reference_cache_dir": str(tmp_path / "refs")}

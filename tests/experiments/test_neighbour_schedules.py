@@ -6,7 +6,7 @@ import pytest
 import morca_env  # noqa: F401
 from morca_env.prompts import get_suite
 from morca_env.schedulers.fixed import StaticSchedule, UniformInterval
-from morca_env.search import play_schedule
+from morca_env.evaluation.search import play_schedule
 from neighbour_schedules import neighbour_scores
 
 KWARGS = {"num_inference_steps": 10}

@@ -98,7 +98,7 @@ def test_the_check_rejects_a_video_of_another_value_of_the_factor(factor):
 
 
 def test_a_morca_scenes_pipeline_reads_its_own_calibration_not_morca_tinys():
-    from morca_env.calibration_files import calibration_for_pipeline
+    from morca_env.speedup.files import calibration_for_pipeline
     from morca_env.models import scenes, tiny
 
     assert calibration_for_pipeline(scenes.load_morca_scenes()) == "scenes"

@@ -99,7 +99,7 @@ def test_the_checks_see_what_they_check():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     env_imports = {m for m, _, _ in imports_of("morca_env.env")}
-    assert "morca_env.budget" in env_imports and "morca_env.signals" in env_imports
+    assert "morca_env.budget" in env_imports and "morca_env.diffusion.signals" in env_imports
     assert "morca_env.schedulers.rules.runtime" in {m for m, _, _ in imports_of("morca_env.accelerate")}  # lazy
     assert "morca_env.data" in graph()["morca_env"]  # a lazy import in a module __getattr__
     with pytest.raises(AssertionError, match="not a module of this project"):

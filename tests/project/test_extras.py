@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from morca_env.extras import EXTRA_OF, MissingExtra, require
+from morca_env.utils.extras import EXTRA_OF, MissingExtra, require
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE_ONLY = os.environ.get("MORCA_CORE_ONLY") == "1"  # set by .ci/run for the core venv
@@ -79,7 +79,7 @@ def test_without_the_extras_an_episode_runs_and_agents_name_their_extra(tmp_path
         import torch; torch.set_num_threads(1)
         import gymnasium as gym
         import morca_env, morca_env.data, morca_env.schedulers
-        from morca_env.extras import MissingExtra
+        from morca_env.utils.extras import MissingExtra
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             env = gym.make("MorcaTinyRandom-v0", budget=2, num_inference_steps=6)  # lpips=True by default

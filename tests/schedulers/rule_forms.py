@@ -87,7 +87,7 @@ def check_accelerate(scheduler: str, kind: str, **options) -> None:
     call = dict(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], height=32, width=32, num_frames=9,
                 num_inference_steps=12, output_type="latent", guidance_scale=5.0, **extra)
     calibration = morca_env.SpeedupCalibration(alpha=12.0, beta=12.0, max_budget=9)
-    spec = morca_env.wan_structure.budget_spec(pipe, 12)
+    spec = morca_env.diffusion.wan_structure.budget_spec(pipe, 12)
     assert len(spec.forced) == (3 if kind == "wan22" else 2)  # first, last (and the expert switch)
     for name in forms_of(scheduler):
         policy = schedulers.make(name, pipe=pipe, calibration=calibration, **options)

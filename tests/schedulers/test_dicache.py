@@ -73,7 +73,7 @@ def test_bad_settings_say_what_is_valid():
 def test_probe_is_block_0_of_the_step_and_costs_one_block_per_branch(wan21_pipe):
     """The probe's output equals block 0 of the call that then computes; a free run runs block 0 once more than
     block 1 per branch on every probed step (after warm-up): the probe's cost, inside the policy's time."""
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     embeds = prompt_embeds()

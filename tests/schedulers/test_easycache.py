@@ -74,7 +74,7 @@ def test_bad_settings_say_what_is_valid():
 
 def test_signal_is_what_the_run_computes(wan21_pipe):
     """The cache keeps the transformer's cond output of each computed call (the signal's o), by observing."""
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     embeds = prompt_embeds()

@@ -141,7 +141,7 @@ def test_decisions_equal_diffusers_first_block_cache_on_a_tiny_wan(wan21_pipe):
 
 def test_block_0_arguments_are_kept_only_for_rules_that_probe(wan21_pipe):
     """Binding block 0's call arguments costs every transformer call: only runs with `keep_head` pay it."""
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     embeds = prompt_embeds()
@@ -161,8 +161,8 @@ def test_probe_equals_the_computed_block_and_costs_one_block_per_branch(wan21_pi
     """The probe (block 0 on the step's input, before the decision) equals block 0 of the call that then computes,
     bit for bit; block 0 runs once more than the other blocks on each probed step and branch: that is the probe's
     cost, inside the policy's time."""
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
-    from morca_env.signals import head_block_residual
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.signals import head_block_residual
     from tests.conftest import prompt_embeds
 
     embeds = prompt_embeds()

@@ -201,7 +201,7 @@ def test_ratio_fit_equals_diffusers_calibration_mode(wan21_pipe, capsys):
 
     from diffusers import MagCacheConfig
 
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     steps, embeds = 6, prompt_embeds()

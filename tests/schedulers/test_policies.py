@@ -4,10 +4,10 @@ import pytest
 
 import morca_env  # noqa: F401
 from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
-from morca_env.calibration_files import ThresholdMap
+from morca_env.speedup.files import ThresholdMap
 from morca_env.schedulers.fixed import RandomFeasible, UniformInterval
 from morca_env.schedulers import make
-from morca_env.schedulers.seacache import SeaCacheThreshold
+from morca_env.schedulers.rules.seacache import SeaCacheThreshold
 
 
 def play(env, policy, seed=0, options=None):

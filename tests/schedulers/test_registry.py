@@ -7,7 +7,7 @@ import pytest
 import morca_env  # noqa: F401
 from morca_env import schedulers
 from morca_env.data import make_behavior
-from morca_env.extras import MissingExtra
+from morca_env.utils.extras import MissingExtra
 from morca_env.observation import OBS_KEYS, SCALAR_NAMES, Scalar, as_flat, as_tuple, observation_space, step_of
 from morca_env.rollout import rollout
 

@@ -13,8 +13,8 @@ from morca_env.budget import BudgetSpec, forced_recompute_steps
 from morca_env.schedulers.fixed import FixedSchedule, SearchedSchedules, StaticSchedule, UniformInterval
 from morca_env.rollout import rollout
 from morca_env.schedulers.schedule import propose, schedule_key
-from morca_env.search import (EvaluationLog, SearchConfig, SearchTask, hill_climb, play_schedule, search_many,
-                              search_schedule, transfer_matrix)
+from morca_env.evaluation.search import (
+    EvaluationLog, SearchConfig, SearchTask, hill_climb, play_schedule, search_many, search_schedule, transfer_matrix)
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def test_packaged_best_fixed_schedule_loads_for_morca_tiny():
 
 def test_schedule_player_gives_the_env_reward_whatever_prefix_it_resumes_from(env):
     """The fast player resumes from the best schedule's snapshots; every reward must still be the episode's."""
-    from morca_env.search import SchedulePlayer
+    from morca_env.evaluation.search import SchedulePlayer
 
     spec = env.unwrapped.budget_spec
     player = SchedulePlayer(env, "a red circle", 3)
@@ -184,7 +184,7 @@ def test_schedule_player_gives_the_env_reward_whatever_prefix_it_resumes_from(en
 
 
 def test_searched_episodes_keep_the_best_and_refuse_held_out_prompts(tmp_path):
-    from morca_env.search import searched_episodes
+    from morca_env.evaluation.search import searched_episodes
 
     log = EvaluationLog(tmp_path / "a.jsonl")
     for i in range(10):
@@ -202,7 +202,7 @@ def test_searched_episodes_keep_the_best_and_refuse_held_out_prompts(tmp_path):
 def test_validation_keeps_the_fitted_schedule_only_where_it_beats_uniform(env, tmp_path):
     """A schedule that loses to uniform spacing on the validation pairs is replaced by uniform spacing at its K;
     one that wins is kept; both scores are reported and the episodes logged (a rerun replays none)."""
-    from morca_env.search import validated_schedule
+    from morca_env.evaluation.search import validated_schedule
 
     spec = env.unwrapped.budget_spec
     pairs = [("a red circle", 3)]
@@ -257,8 +257,8 @@ def test_transfer_report_groups_gains_by_how_the_pairs_relate():
 def test_trajectory_replay_matches_the_env_and_branches_from_the_right_step(env):
     """headroom_trajectory: the replayed run is the env's episode, its errors start at the first reuse, and a run
     finished without cache from step b is the schedule with every reuse from b on removed."""
-    from morca_env.denoiser import StepwiseDenoiser
-    from morca_env.metrics import to_uint8, video_metrics
+    from morca_env.diffusion.denoiser import StepwiseDenoiser
+    from morca_env.diffusion.metrics import to_uint8, video_metrics
 
     module = importlib.import_module("headroom_trajectory")
     env = env.unwrapped

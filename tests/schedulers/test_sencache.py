@@ -85,7 +85,7 @@ def test_one_shared_decision_on_the_cond_branch_and_bad_settings():
 
 
 def test_timestep_signal_is_the_runs_timestep(wan21_pipe):
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     embeds = prompt_embeds()

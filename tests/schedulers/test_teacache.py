@@ -78,7 +78,7 @@ def test_the_polynomial_has_its_highest_degree_first():
 
 def test_signal_is_the_models_own_time_embedding(wan21_pipe):
     """Plain: temb of the transformer's condition_embedder; retention steps: its 6-way projection."""
-    from morca_env import wan_structure
+    from morca_env.diffusion import wan_structure
 
     model = wan21_pipe.transformer
     timesteps = wan_structure.pipeline_timesteps(wan21_pipe, 8)
@@ -141,8 +141,8 @@ def test_every_form_runs_under_accelerate(kind):
 def test_polynomial_fit_follows_the_authors_procedure(wan21_pipe):
     """fit_coefficients = least squares of the model output's relative L1 (consecutive steps, per branch) on the
     time embedding's, both measured here independently on a stock pipeline call."""
-    from morca_env import wan_structure
-    from morca_env.denoiser import DenoiserConfig, StepwiseDenoiser
+    from morca_env.diffusion import wan_structure
+    from morca_env.diffusion.denoiser import DenoiserConfig, StepwiseDenoiser
     from tests.conftest import prompt_embeds
 
     steps, embeds = 8, prompt_embeds()

@@ -18,12 +18,14 @@ from importlib import import_module
 from ..registry import register
 
 SHARED = ("forms", "runtime")  # the code every rule shares, not rules themselves
+# SeaCache reads D_t from the observation, so its native and global forms need no env: it registers its own forms
+SELF_REGISTERED = ("seacache",)
 FORMS = (("native", ""), ("global", "-global"), ("exact", "-exact"))
 
 
 def rule_modules() -> list[str]:
     """The rule modules of this package (listed, not imported)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in SHARED)
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in SHARED + SELF_REGISTERED)
 
 
 def rule_names() -> list[str]:

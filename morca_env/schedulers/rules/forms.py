@@ -40,10 +40,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ... import wan_structure
+from ...diffusion import wan_structure
 from ...budget import BudgetSpec
 from ...observation import Scalar, step_of
-from ...calibration_files import ThresholdMap, threshold_map_from_counts
+from ...speedup.files import ThresholdMap, threshold_map_from_counts
 from ..base import PrecomputedSchedule, feasible
 
 
@@ -103,7 +103,7 @@ class Source:
     def _calibration(self, num_steps, forced):
         if self.calibration is None or not isinstance(self.calibration, str):
             return self.calibration
-        from ...calibration_files import load_calibration
+        from ...speedup.files import load_calibration
 
         return load_calibration(self.calibration, num_steps, BudgetSpec(num_steps, forced).max_budget)
 
@@ -291,7 +291,7 @@ def packaged_constants(rule: str, model: str | None) -> dict | None:
     """The constants `morca fit-rules` fitted for `model` (a user file first, then the packaged one)."""
     if model is None:
         return None
-    from ...calibration_files import find_calibration_file
+    from ...speedup.files import find_calibration_file
 
     path = find_calibration_file(f"{model}_{rule}.json")
     return None if path is None else json.loads(path.read_text())

@@ -35,9 +35,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ...calibration_files import ThresholdMap, threshold_map_from_counts
+from ...speedup.files import ThresholdMap, threshold_map_from_counts
 from ..base import PrecomputedSchedule
-from ...signals import head_block
+from ...diffusion.signals import head_block
 from . import forms
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class Replay:
 
     @property
     def denoiser(self):
-        from ...denoiser import StepwiseDenoiser
+        from ...diffusion.denoiser import StepwiseDenoiser
 
         if self._denoiser is None:
             self._denoiser = StepwiseDenoiser(self.pipe, self.config, device=self.device)

@@ -20,7 +20,7 @@ ever adds time, so the minimum estimates what the computation costs; on this
 VM min-of-3 cut the spread of a stock generation from 13% to 6%.
 
 This module measures the speedup calibration (`measure_calibration`); its files and
-the global-threshold maps g(rho) read from them live in `morca_env.calibration_files`.
+the global-threshold maps g(rho) read from them live in `morca_env.speedup.files`.
 The map K(rho) itself, `SpeedupCalibration`, is part of the budget (`morca_env.budget`).
 """
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from .budget import SpeedupCalibration
-from .rollout import rollout
-from .schedulers.fixed import UniformInterval
+from ..budget import SpeedupCalibration
+from ..rollout import rollout
+from ..schedulers.fixed import UniformInterval
 
 
 @dataclass

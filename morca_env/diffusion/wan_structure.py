@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from .budget import BudgetSpec, forced_recompute_steps
+from ..budget import BudgetSpec, forced_recompute_steps
 
 
 def experts(pipe) -> list:

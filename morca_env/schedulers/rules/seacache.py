@@ -10,12 +10,12 @@ free run for every rule), through `SeaCacheRule`, whose gate is SeaCache's accum
 
 from __future__ import annotations
 
-from ..calibration_files import ThresholdMap, load_threshold_map
-from ..observation import Scalar
-from ..signals import StepDistanceTracker, seacache_reuses, signal_input_for_step
-from .base import feasible
-from .registry import register
-from .rules import forms, runtime
+from ...speedup.files import ThresholdMap, load_threshold_map
+from ...observation import Scalar
+from ...diffusion.signals import StepDistanceTracker, seacache_reuses, signal_input_for_step
+from ..base import feasible
+from ..registry import register
+from . import forms, runtime
 
 
 class SeaCacheThreshold:

@@ -3,7 +3,7 @@
 The collection, evaluation and search loops stay where they are; this module only
 moves the work. `RayExecutor.map_unordered(factory, args, items, ...)` starts
 `workers` actors, builds one `factory(*args)` in each (an env-holding callable:
-`morca_env.workers.map_on_envs` for collection and search), feeds them the items one at a time
+`morca_env.parallel.workers.map_on_envs` for collection and search), feeds them the items one at a time
 (the next item goes to whichever actor finishes first) and yields `(item, result)`
 to the driver as results come back. The driver writes every result (staging file,
 JSON) itself, so a worker needs no shared disk with it.
@@ -26,7 +26,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
-from .extras import require
+from ..utils.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class RayExecutor:
         if self.address:
             ray.init(address=self.address, configure_logging=False, log_to_driver=True)
         else:
-            from .threads import available_cores
+            from ..utils.threads import available_cores
 
             cpus = self.num_cpus or max(available_cores(), cpus_needed)
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, configure_logging=False,

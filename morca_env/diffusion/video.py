@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .io import atomic_path
+from ..utils.io import atomic_path
 
 
 def _as_uint8(video) -> np.ndarray:

@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from .io import atomic_path
-from .paths import cache_root
+from ..utils.io import atomic_path
+from ..utils.paths import cache_root
 
 
 def default_cache_dir() -> Path:

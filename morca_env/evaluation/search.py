@@ -30,11 +30,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .budget import BudgetSpec
-from .executors import WorkerFailed
-from .io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
-from .schedulers.schedule import propose, schedule_key
-from .workers import map_on_envs
+from ..budget import BudgetSpec
+from ..parallel.executors import WorkerFailed
+from ..utils.io import atomic_write_text, exclusive_lock, read_json_lines, repair_json_lines, writable_directory
+from ..schedulers.schedule import propose, schedule_key
+from ..parallel.workers import map_on_envs
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +114,8 @@ class EvaluationLog:
 
 def play_schedule(env, schedule: Sequence[int], prompt: str, seed: int):
     """The trajectory of one fixed schedule for (prompt, seed), in an exact-budget env."""
-    from .schedulers.fixed import FixedSchedule
-    from .rollout import rollout
+    from ..schedulers.fixed import FixedSchedule
+    from ..rollout import rollout
 
     trajectory = rollout(env, FixedSchedule(schedule), {"prompt": prompt, "seed": int(seed), "budget": int(sum(schedule))})
     if trajectory.schedule != [int(a) for a in schedule]:
@@ -147,7 +147,7 @@ class SchedulePlayer:
 
     def play(self, schedule: Sequence[int]) -> tuple[float, float]:
         """-> (reward, psnr) of `schedule` (exactly what the env's episode would end with)."""
-        from .metrics import to_uint8, video_metrics
+        from ..diffusion.metrics import to_uint8, video_metrics
 
         schedule = [int(a) for a in schedule]
         env = self.env
@@ -217,7 +217,7 @@ def validated_schedule(env, fitted: Sequence[int], pairs: Sequence[Pair], log_pa
     to the schedule a file already served at that K (a neighbour's fit moved there: at K = 36, 0.38 dB better).
     -> (schedule, {"validation_psnr", "uniform_validation_psnr", "<name>_validation_psnr"..., "kept"}); ties keep
     the fitted one, then uniform; episodes logged at `log_path`."""
-    from .schedulers.fixed import UniformInterval
+    from ..schedulers.fixed import UniformInterval
 
     fitted = [int(a) for a in fitted]
     env = env.unwrapped
@@ -242,7 +242,7 @@ def validated_schedule(env, fitted: Sequence[int], pairs: Sequence[Pair], log_pa
 def hill_climb(value: Callable[[list[int]], float], spec: BudgetSpec, budget: int, config: SearchConfig,
                start: list[int] | None = None, progress: Callable[[int, float], None] | None = None) -> SearchResult:
     """First-improvement hill climbing over exact-`budget` schedules (see the module docstring)."""
-    from .schedulers.fixed import UniformInterval
+    from ..schedulers.fixed import UniformInterval
 
     spec.check_budget(budget)
     rng = np.random.default_rng(config.seed)
@@ -367,7 +367,7 @@ def search_many(tasks: Sequence[SearchTask], env_id: str, env_kwargs: dict, out:
                 progress: bool = True, executor=None) -> list[dict]:
     """Run `tasks` (resumable: finished ones are read back, unfinished ones replay their logs).
 
-    `executor`: a `morca_env.executors.RayExecutor` runs the searches on Ray actors and writes each
+    `executor`: a `morca_env.parallel.executors.RayExecutor` runs the searches on Ray actors and writes each
     result here as it comes back (an actor's evaluation log stays on its own node's disk)."""
     from tqdm import tqdm
 

@@ -12,7 +12,7 @@ in a hidden directory that is then renamed into place. A `kill -9` therefore
 loses at most the episodes in flight, and a finished dataset is replaced only
 with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
 behaviour RNG, so the data do not depend on the number of workers, nor on where
-they run: this process, local worker processes or Ray actors (`morca_env.workers.map_on_envs`;
+they run: this process, local worker processes or Ray actors (`morca_env.parallel.workers.map_on_envs`;
 `executor=RayExecutor(...)`), which send each finished episode back to be written here.
 """
 
@@ -34,15 +34,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .budget import BudgetSpec
-from .io import atomic_path, atomic_write_text, exclusive_lock
-from .paths import cache_root
-from .observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
-from . import dataset_integrity as integrity
-from . import schedulers
-from .quiet import quiet_d3rlpy
-from .registration import register_envs
-from .workers import WorkerDied, map_on_envs
+from ..budget import BudgetSpec
+from ..utils.io import atomic_path, atomic_write_text, exclusive_lock
+from ..utils.paths import cache_root
+from ..observation import FEATURE_KEYS, Scalar, as_flat, as_tuple
+from . import integrity
+from .. import schedulers
+from ..utils.quiet import quiet_d3rlpy
+from ..registration import register_envs
+from ..parallel.workers import WorkerDied, map_on_envs
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def relabel(observations: dict[str, np.ndarray], actions: np.ndarray, spec: Budg
 
 def run_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, Any]:
     """One behaviour episode, relabelled, as arrays ready for an episode file."""
-    from .rollout import rollout
+    from ..rollout import rollout
 
     trajectory = rollout(env, policy, options=_episode_options(policy, index), seed=recipe.seed + index, record=True)
     return episode_record(trajectory, env.unwrapped.budget_spec, recipe)
@@ -244,7 +244,7 @@ def collected_episode(recipe_dict: dict, env, index: int) -> tuple[int, dict]:
 def collected_episodes(recipe_dict: dict, envs, indices: list[int]) -> list[tuple[int, dict]]:
     """Episodes `indices` of the recipe, played together in a worker's `MorcaVectorEnv` (one per sub-env, each
     with the seed and behaviour policy it has unbatched)."""
-    from .rollout import rollout_many
+    from ..rollout import rollout_many
 
     recipe = CollectionRecipe(**recipe_dict)
     policies = [make_behavior(recipe.behavior, envs.env, seed=recipe.seed + index) for index in indices]
@@ -261,7 +261,7 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
     finished episode and duplicates none."""
     from tqdm import tqdm
 
-    from .executors import WorkerFailed
+    from ..parallel.executors import WorkerFailed
 
     kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False}
     if num_envs == 1:
@@ -318,7 +318,7 @@ def collect_dataset(
 
     `env_overrides` are machine-local env kwargs (e.g. `reference_cache_dir`) that
     are not part of the recipe. `executor`: None runs `workers` local processes (one in this
-    process when `workers=1`); a `morca_env.executors.RayExecutor` runs them as Ray actors, which
+    process when `workers=1`); a `morca_env.parallel.executors.RayExecutor` runs them as Ray actors, which
     return each episode to this process to be written, as the local path does. `num_envs` > 1: each worker plays
     batches of that many episodes in a `MorcaVectorEnv` (one transformer call per step for the batch; each episode
     equals its unbatched self up to float32 rounding, so a threshold behaviour may decide a step differently;
@@ -482,7 +482,7 @@ def _create_dataset(recipe, buffers, env_spec, eval_spec, observation_space, act
     card as the description and, collected at one benchmark target, the reference scores."""
     import minari
 
-    from .benchmark import reference_returns
+    from ..evaluation.benchmark import reference_returns
 
     refs = reference_returns(recipe.env_id, recipe.env_kwargs, r_max)
     created = minari.create_dataset_from_buffers(
@@ -510,7 +510,7 @@ def dataset_card(recipe: CollectionRecipe, metas: list[dict], refs: tuple[float,
              f"{recipe.feature_dtype}; K relabelled to each episode's realised reuses",
              f"K histogram (K: episodes): {', '.join(f'{k}: {n}' for k, n in sorted(ks.items()))}",
              f"PSNR: mean {psnr.mean():.2f} dB (min {psnr.min():.2f}, max {psnr.max():.2f}) over {len(psnr)} episodes",
-             ("reference scores (morca_env.benchmark, same target): random feasible "
+             ("reference scores (morca_env.evaluation.benchmark, same target): random feasible "
               f"{refs[0]:.2f}, best fixed {refs[1]:.2f} (minari.get_normalized_score: 0 and 1)") if refs else
              "reference scores: none (collected over a speedup range or settings without shipped references)",
              "", f"recipe: {json.dumps(recipe.__dict__, sort_keys=True)}"]

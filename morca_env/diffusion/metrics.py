@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torchmetrics.functional.image import structural_similarity_index_measure
 
-from .extras import MissingExtra, require
+from ..utils.extras import MissingExtra, require
 
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 

@@ -1,5 +1,5 @@
 """Worker processes for jobs that each need an env: one home for starting them, their env, and mapping jobs over
-them, in this process, in local processes or on Ray actors (`morca_env.executors.RayExecutor`).
+them, in this process, in local processes or on Ray actors (`morca_env.parallel.executors.RayExecutor`).
 
     for result in map_on_envs(play_one, jobs, "MorcaTiny-v0", {"lpips": False}, workers=2):
         ...   # play_one(env, job) ran in a worker that holds one env for all its jobs
@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from .registration import register_envs
+from ..registration import register_envs
 
 _ENV = None  # this worker process's env (`init_env_worker`)
 # episodes a worker or trainer plays as one batch in a MorcaVectorEnv (`--num-envs`): on the 2-core CPU, 8 gave
@@ -56,7 +56,7 @@ def needs_gpu(env_id: str, env_kwargs: dict) -> bool:
     kwargs pin `device` to the CPU."""
     import gymnasium as gym
 
-    from .models.presets import get_preset
+    from ..models.presets import get_preset
 
     register_envs()
     spec = gym.spec(env_id)

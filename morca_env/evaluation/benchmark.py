@@ -26,10 +26,10 @@ import gymnasium as gym
 import numpy as np
 from scipy import stats
 
-from . import schedulers
-from .io import atomic_write_text
-from .observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape, parse_action
-from .prompts import get_suite
+from .. import schedulers
+from ..utils.io import atomic_write_text
+from ..observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape, parse_action
+from ..prompts import get_suite
 
 REFERENCES_FILE = "benchmark_references.json"
 REFERENCE_METHODS = ("random", "best-fixed")
@@ -331,8 +331,8 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
     of `policy` (a scheduler keeps per-episode state)."""
     import copy
 
-    from .rollout import episodes_per_batch, rollout_many
-    from .vector import single_env
+    from ..rollout import episodes_per_batch, rollout_many
+    from ..vector import single_env
 
     if not getattr(single_env(env), "enforce_budget", True):
         raise ValueError("the benchmark scores in the budget-enforcing env (enforce_budget=True): every method "

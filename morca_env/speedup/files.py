@@ -5,7 +5,7 @@ This machine's files live under the cache root's `calibration/` (written by
 `morca_env/calibration/`. `load_calibration` gives the map K(rho)
 (`morca_env.budget.SpeedupCalibration`), `load_threshold_map` the global
 threshold map g(rho) that turns a target speedup into a rule's threshold.
-Measuring and fitting them is `morca_env.calibrate`'s job; this module only
+Measuring and fitting them is `morca_env.speedup.measure`'s job; this module only
 reads, so the env and every scheduler can depend on it.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .budget import SpeedupCalibration
-from .io import read_json
-from .paths import cache_root
+from ..budget import SpeedupCalibration
+from ..utils.io import read_json
+from ..utils.paths import cache_root
 
 
 def user_calibration_dir() -> Path:
@@ -68,7 +68,7 @@ def load_calibration(name: str, num_steps: int, max_budget: int) -> SpeedupCalib
     A calibration made for another step count is rescaled (alpha, beta proportional
     to N, since each step costs the same) with a one-time warning.
     """
-    from .models.presets import PRESETS
+    from ..models.presets import PRESETS
 
     if name not in PRESETS:
         raise ValueError(f"calibration={name!r} is not a registered model; valid: {', '.join(sorted(PRESETS))}, "
