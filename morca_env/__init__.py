@@ -23,7 +23,8 @@ from .registration import ENV_IDS, register_envs  # noqa: E402
 register_envs()
 
 from .accelerate import AccelerateResult, accelerate  # noqa: E402
-from .budget import BudgetSpec, SpeedupCalibration  # noqa: E402
+from .budget import BudgetSpec  # noqa: E402
+from .speedup.calibration import SpeedupCalibration
 from .rollout import Trajectory, rollout  # noqa: E402
 from .schedulers import make as make_scheduler, names as scheduler_names  # noqa: E402
 

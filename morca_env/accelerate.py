@@ -47,7 +47,9 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
 from .diffusion import wan_structure
-from .budget import BudgetSpec, SpeedupCalibration
+from .budget import BudgetSpec
+from .speedup.calibration import SpeedupCalibration
+from .speedup import files as calibration_files
 from .diffusion.cache import ResidualCache
 from .observation import BatchObservationBuilder, ObservationBuilder, parse_action
 from .schedulers.rules.runtime import BatchRunView
@@ -204,22 +206,13 @@ def accelerate(pipe, policy, *, speedup: float | None = None, budget: int | None
         raise ValueError(f"signal={signal!r}; valid: {SIGNAL_KINDS}")
     videos = _video_count(call_kwargs)
     policies = _policies(policy, videos)
-    if calibration is not None and not isinstance(calibration, (str, SpeedupCalibration)):
-        raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path or "
-                        "a SpeedupCalibration")
+    calibration_files.check_calibration(calibration)
     spec = wan_structure.budget_spec(pipe, num_steps)
     speedups = _per_video("speedup", speedup, videos) if speedup is not None else [None] * videos
     if budget is None:
         if calibration is None:
-            from .speedup.files import calibration_for_pipeline
-
-            calibration = calibration_for_pipeline(pipe)
-        if isinstance(calibration, str) and Path(calibration).is_file():
-            calibration = SpeedupCalibration.from_json(calibration)
-        elif isinstance(calibration, str):
-            from .speedup.files import load_calibration
-
-            calibration = load_calibration(calibration, num_steps, spec.max_budget)
+            calibration = calibration_files.calibration_for_pipeline(pipe)
+        calibration = calibration_files.resolve(calibration, num_steps, spec.max_budget)
         budgets = [calibration.with_scheduler_cost(scheduler_cost_s).budget_for_speedup(s) for s in speedups]
     else:
         budgets = _per_video("budget", budget, videos)

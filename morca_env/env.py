@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from .budget import BUDGET_ROUNDINGS, BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
+from .budget import BudgetSpec, forced_recompute_steps
+from .speedup.calibration import BUDGET_ROUNDINGS, SpeedupCalibration, seed_dither
 from .diffusion.denoiser import DenoiserConfig, StepwiseDenoiser, check_batch_memory
 from .diffusion.metrics import Lpips, LpipsUnavailable, to_uint8, video_metrics
-from .speedup.files import load_calibration
+from .speedup.files import check_calibration, resolve as resolve_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .diffusion.reference_videos import ReferenceCache
@@ -231,9 +232,7 @@ class MorcaEnv(gym.Env):
             raise TypeError(f"negative_prompt={negative_prompt!r} must be a string")
         if reference_cache_dir is not None and not isinstance(reference_cache_dir, (str, os.PathLike)):
             raise TypeError(f"reference_cache_dir={reference_cache_dir!r} must be a directory path")
-        if calibration is not None and not isinstance(calibration, (str, os.PathLike, SpeedupCalibration)):
-            raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON "
-                            "path or a SpeedupCalibration")
+        check_calibration(calibration)
         self.latent_features = bool(latent_features)
         self.feature_dtype = check_feature_dtype(feature_dtype)  # before the pipeline loads
         if budget_rounding not in BUDGET_ROUNDINGS:
@@ -285,12 +284,8 @@ class MorcaEnv(gym.Env):
                              f">= {len(self.budget_spec.forced) + 1}")
         self._check_video_shape()
         check_batch_memory(self.denoiser, 1)  # one video: a huge height or width is refused before it allocates
-        if isinstance(calibration, os.PathLike):
-            calibration = str(calibration)
-        if isinstance(calibration, str):  # a registered model name or a calibration file
-            calibration = (SpeedupCalibration.from_json(calibration) if Path(calibration).is_file()
-                           else load_calibration(calibration, self.num_steps, self.budget_spec.max_budget))
-        self.calibration = calibration or load_calibration(self.preset.name, self.num_steps, self.budget_spec.max_budget)
+        self.calibration = resolve_calibration(self.preset.name if calibration is None else calibration,
+                                               self.num_steps, self.budget_spec.max_budget)
         self.calibration = replace(self.calibration, max_budget=self.budget_spec.max_budget)
         self._speedup_spec, self._budget_default = self._validate_target(speedup, budget)
         self.enforce_budget = bool(enforce_budget)

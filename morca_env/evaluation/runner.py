@@ -214,7 +214,7 @@ def use_fresh_calibration(config: EvaluationConfig, targets, env, free_env, thre
     """Measure (or, on resume, reload) this run's calibration, install it in both envs; -> the
     SeaCache threshold map re-read through it. Wall-clock ratios drift with the machine's state, so
     targets are only hit with a calibration measured next to the episodes it converts."""
-    from ..budget import SpeedupCalibration
+    from ..speedup.calibration import SpeedupCalibration
 
     path = config.out / "calibration.json"
     if path.exists():

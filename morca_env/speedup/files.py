@@ -2,8 +2,9 @@
 
 This machine's files live under the cache root's `calibration/` (written by
 `morca calibrate`, found first); the packaged ones ship in
-`morca_env/calibration/`. `load_calibration` gives the map K(rho)
-(`morca_env.budget.SpeedupCalibration`), `load_threshold_map` the global
+`morca_env/calibration/`. `resolve` turns what a caller passes (a name, a file, an object) into a calibration; `load_calibration` gives
+the map K(rho)
+(`morca_env.speedup.calibration.SpeedupCalibration`), `load_threshold_map` the global
 threshold map g(rho) that turns a target speedup into a rule's threshold.
 Measuring and fitting them is `morca_env.speedup.measure`'s job; this module only
 reads, so the env and every scheduler can depend on it.
@@ -12,6 +13,7 @@ reads, so the env and every scheduler can depend on it.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import replace
 from importlib import resources
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..budget import SpeedupCalibration
+from .calibration import SpeedupCalibration
 from ..utils.io import read_json
 from ..utils.paths import cache_root
 
@@ -210,3 +212,22 @@ def calibration_for_pipeline(pipe) -> str:
                      f"{'two experts' if two_experts else 'one transformer'}): pass calibration= a registered model "
                      "name ('wan21', 'wan22', 'tiny', 'scenes'), a calibration JSON from `morca calibrate`, or a "
                      "SpeedupCalibration, or pass budget= instead of speedup=")
+
+
+def resolve(calibration, num_steps: int, max_budget: int) -> SpeedupCalibration:
+    """A `SpeedupCalibration` from what a caller may pass: the object itself, a calibration JSON file (a path or a
+    string), or a registered model name (its packaged or user calibration, `morca calibrate` writes one)."""
+    check_calibration(calibration)
+    if isinstance(calibration, SpeedupCalibration):
+        return calibration
+    calibration = os.fspath(calibration)
+    if Path(calibration).is_file():
+        return SpeedupCalibration.from_json(calibration)
+    return load_calibration(calibration, num_steps, max_budget)
+
+
+def check_calibration(calibration) -> None:
+    """Refuse what `resolve` cannot read, before any work (`None` means the model's own calibration)."""
+    if calibration is not None and not isinstance(calibration, (str, os.PathLike, SpeedupCalibration)):
+        raise TypeError(f"calibration={calibration!r}; valid: a registered model name, a calibration JSON path "
+                        "or a SpeedupCalibration")

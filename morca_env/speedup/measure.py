@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from ..budget import SpeedupCalibration
+from .calibration import SpeedupCalibration
 from ..rollout import rollout
 from ..schedulers.fixed import UniformInterval
 

@@ -293,7 +293,7 @@ def test_malformed_files_and_options_are_named(tmp_path):
     """Corrupt calibration / threshold map / schedules files and bad scheduler options: errors naming the file,
     the entry and what is valid (they gave raw JSONDecodeError, TypeError, KeyError or numpy errors)."""
     from morca_env import schedulers
-    from morca_env.budget import SpeedupCalibration
+    from morca_env.speedup.calibration import SpeedupCalibration
     from morca_env.speedup.files import ThresholdMap
     from morca_env.schedulers.fixed import StaticSchedule
 

@@ -64,7 +64,7 @@ def test_evaluate_rejects_bad_timing_repeats(tmp_path):
 
 
 def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path):
-    from morca_env.budget import SpeedupCalibration
+    from morca_env.speedup.calibration import SpeedupCalibration
 
     out = tmp_path / "eval"
     args = ["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
@@ -198,7 +198,7 @@ def test_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tm
 
 
 def test_calibration_table_explains_a_speedup_below_one_at_k0():
-    from morca_env.budget import SpeedupCalibration
+    from morca_env.speedup.calibration import SpeedupCalibration
     from morca_env.speedup.measure import CalibrationMeasurement
 
     calib = SpeedupCalibration(alpha=50.0, beta=50.0, max_budget=48)

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps, seed_dither
+from morca_env.budget import BudgetSpec, forced_recompute_steps
+from morca_env.speedup.calibration import SpeedupCalibration, seed_dither
 
 
 @st.composite

@@ -71,3 +71,21 @@ def test_calibration_files_are_written_where_asked_and_found_user_first(tmp_path
     assert (mine.alpha, mine.source) == (60.0, "user") and packaged.alpha != 60.0
     with pytest.raises(ValueError, match="calibration='nope' is not a registered model; valid: "):
         load_calibration("nope", 50, 48)
+
+
+def test_resolve_reads_every_form_a_caller_may_pass(tmp_path):
+    """The env and `accelerate` share one `resolve`: an object, a JSON file as a str or a PathLike, a model name."""
+    from morca_env.speedup import SpeedupCalibration, resolve
+
+    own = SpeedupCalibration(alpha=40.0, beta=35.0, max_budget=45, source="test")
+    assert resolve(own, 50, 45) is own
+    path = tmp_path / "calib.json"
+    own.to_json(path)
+    assert resolve(path, 50, 45) == own and resolve(str(path), 50, 45) == own
+    packaged = resolve("tiny", 50, 45)
+    assert isinstance(packaged, SpeedupCalibration) and packaged != own
+    for bad in (3, True, 2.5, ["tiny"]):
+        with pytest.raises(TypeError, match=r"calibration=.*valid: a registered model name, a calibration JSON path"):
+            resolve(bad, 50, 45)
+    with pytest.raises(ValueError, match="nowhere"):
+        resolve("nowhere", 50, 45)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import morca_env.data as data
+from morca_env.data import build, collect as collecting
 from morca_env.data import collect_dataset, staging_root, to_replay_buffer
 from tests.conftest import child_pids, process_running
 
@@ -45,12 +46,12 @@ def test_a_bad_dataset_id_is_refused_before_collecting_and_no_build_dir_is_left(
     with pytest.raises(ValueError, match="dataset_id='test/tiny/noversion' is not a Minari dataset id"):
         collect("test/tiny/noversion", 2)
     assert not (roots / "cache" / "collect").exists()
-    real = data._create_dataset
-    monkeypatch.setattr(data, "_create_dataset", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    real = build._create_dataset
+    monkeypatch.setattr(build, "_create_dataset", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         collect("test/tiny/build-v0", 2)
     assert not list((roots / "minari").glob(".morca-build-*"))
-    monkeypatch.setattr(data, "_create_dataset", real)
+    monkeypatch.setattr(build, "_create_dataset", real)
     assert collect("test/tiny/build-v0", 2).total_episodes == 2  # the staged episodes are used
 
 
@@ -58,7 +59,7 @@ def test_a_workers_own_error_reaches_the_user(roots, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("the behaviour exploded at step 3")
 
-    monkeypatch.setattr(data, "run_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
+    monkeypatch.setattr(collecting, "run_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
     with pytest.raises(RuntimeError, match="collection failed: ValueError: the behaviour exploded at step 3"):
         collect("test/tiny/workers-v0", 4, workers=2)
 
@@ -142,13 +143,13 @@ def test_a_killed_build_leaves_nothing_behind_and_never_loses_the_old_dataset(ro
     collect("test/tiny/left-v0", 2, behavior="uniform")
     root = roots / "minari"
     final = root / "test" / "tiny" / "left-v0"
-    (root / f"{data._build_prefix('test/tiny/left-v0')}dead0000").mkdir()  # a build killed before its rename
-    other = root / f"{data._build_prefix('test/tiny/other-v0')}dead0000"
+    (root / f"{build._build_prefix('test/tiny/left-v0')}dead0000").mkdir()  # a build killed before its rename
+    other = root / f"{build._build_prefix('test/tiny/other-v0')}dead0000"
     other.mkdir()  # another id's build: not ours to remove
     final.rename(final.with_name(f".{final.name}.old-dead0000"))  # killed between moving aside and renaming in
     data.recover_leftovers("test/tiny/left-v0")
     assert minari.load_dataset("test/tiny/left-v0").total_episodes == 2  # the old dataset is back
-    assert not list(root.glob(data._build_prefix("test/tiny/left-v0") + "*")) and other.exists()
+    assert not list(root.glob(build._build_prefix("test/tiny/left-v0") + "*")) and other.exists()
     assert not list(final.parent.glob(".left-v0.old-*"))
     assert collect("test/tiny/left-v0", 3, behavior="uniform", overwrite=True).total_episodes == 3
     assert not [p for p in final.parent.iterdir() if p.name.startswith(".")]

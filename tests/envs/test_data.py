@@ -169,18 +169,20 @@ def test_batched_collection_gives_the_unbatched_episodes(roots):
 
 KILL_DURING_WRITE = """
 import os, runpy, signal, sys
-import morca_env.data as data
+import morca_env.data.collect as collecting
+from morca_env.data.staging import episode_path
+from morca_env.utils.io import atomic_path
 
-real_write = data.write_episode
+real_write = collecting.write_episode
 
 def write_or_die(staging, index, episode):
     if index == {kill_at}:  # SIGKILL half-way through writing this episode: a partial temp file is left behind
-        with data.atomic_path(data._episode_path(staging, index)) as tmp:
+        with atomic_path(episode_path(staging, index)) as tmp:
             tmp.write_bytes(b"half an episode")
             os.kill(os.getpid(), signal.SIGKILL)
     real_write(staging, index, episode)
 
-data.write_episode = write_or_die
+collecting.write_episode = write_or_die
 sys.argv = ["morca"] + {argv!r}[2:]  # `python -m morca_env.commands collect ...`, in this process
 runpy.run_module("morca_env.commands", run_name="__main__")
 """

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import morca_env  # noqa: F401  (registers the envs)
-from morca_env.budget import forced_recompute_steps, seed_dither
+from morca_env.budget import forced_recompute_steps
+from morca_env.speedup.calibration import seed_dither
 from morca_env.models.tiny_data import vocabulary
 from tests.conftest import make_pipe
 

@@ -111,7 +111,9 @@ def test_a_killed_ray_worker_loses_no_finished_episode_and_resume_finishes(ray_r
     from morca_env.parallel.executors import RayExecutor
 
     written, killed = [], []
-    real_write = data.write_episode
+    from morca_env.data import collect as collecting
+
+    real_write = collecting.write_episode
 
     def write_then_kill(staging, index, episode):  # the driver writes every episode on the Ray path
         real_write(staging, index, episode)
@@ -122,16 +124,16 @@ def test_a_killed_ray_worker_loses_no_finished_episode_and_resume_finishes(ray_r
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    monkeypatch.setattr(data, "write_episode", write_then_kill)
+    monkeypatch.setattr(collecting, "write_episode", write_then_kill)
     with pytest.raises(RuntimeError, match=r"1 Ray worker\(s\) failed: item \d.*rerun with resume=True"):
         collect("test/tiny/killed-v0", workers=2, executor=RayExecutor())
     staging = staging_root() / "test/tiny/killed-v0"
     kept = completed_indices(staging, EPISODES)
     assert kept == set(written) and 1 <= len(kept) < EPISODES  # every returned episode is on disk
     for index in kept:  # and is the reference episode
-        np.testing.assert_array_equal(read_episode(data._episode_path(staging, index))["actions"],
+        np.testing.assert_array_equal(read_episode(data.episode_path(staging, index))["actions"],
                                       ray_runtime[index].actions)
-    monkeypatch.setattr(data, "write_episode", real_write)
+    monkeypatch.setattr(collecting, "write_episode", real_write)
     dataset = collect("test/tiny/killed-v0", workers=2, executor=RayExecutor())  # resume=True is the default
     assert_same_episodes(dataset, ray_runtime)
 

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import morca_env  # noqa: F401
-from morca_env.budget import BudgetSpec, SpeedupCalibration, forced_recompute_steps
+from morca_env.budget import BudgetSpec, forced_recompute_steps
+from morca_env.speedup.calibration import SpeedupCalibration
 from morca_env.speedup.files import ThresholdMap
 from morca_env.schedulers.fixed import RandomFeasible, UniformInterval
 from morca_env.schedulers import make
