@@ -52,10 +52,10 @@ mutate: $(STAMP)
 	$(PY) -m pip install --quiet "mutmut>=3.8,<4"
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 19 $(VENV)/bin/mutmut run --max-children 1
 	$(VENV)/bin/mutmut results
-	$(PY) scripts/mutation_score.py
+	$(PY) research/mutation_testing/mutation_score.py
 
 bench: $(STAMP)
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	for b in perf/*.py; do $(PY) $$b || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV) $(CORE_VENV)

@@ -12,7 +12,7 @@ TEST_ENV = "MorcaTinyRandom-v0"  # its benchmark suite: 4 held-out pairs x 2 tar
 
 
 def example(name: str):
-    return importlib.import_module(name)  # examples/ is on the tests' pythonpath
+    return importlib.import_module(f"examples.{name}")  # the checkout's root is on the tests' pythonpath
 
 
 def check(result, masked: bool) -> None:

@@ -3,7 +3,6 @@
 One row per (argument, bad value, expected message fragment).
 """
 
-import importlib
 import json
 import re
 from pathlib import Path
@@ -178,7 +177,7 @@ def test_collect_argument(argument, value, fragment, tmp_path, monkeypatch):
     assert not (tmp_path / "cache" / "collect" / "test").exists()  # nothing was staged
 
 
-SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit code 2) naming the value
+SCRIPT_ROWS = [  # morca <command> <args>: argparse's usage error (exit code 2) naming the value
     (["collect", "RECIPE", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
     (["collect", "RECIPE", "--workers", "two"], "argument --workers: 'two' is not a positive integer"),
     (["collect", "RECIPE", "--threads", "-1"], "argument --threads: '-1' is not a positive integer"),
@@ -212,12 +211,10 @@ SCRIPT_ROWS = [  # python scripts/<script> <args>: argparse's usage error (exit 
     (["calibrate", "--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
     (["calibrate", "--timing-repeats", "0"], "argument --timing-repeats: '0' is not a positive integer"),
     (["export-searched", "logs", "--out", "x.json", "--per-search", "0"], "argument --per-search: '0' is not a positive"),
-    (["headroom.py", "--targets", "0"], "argument --targets: '0' is not a speedup"),
     (["quickstart", "--episodes", "-4"], "argument --episodes: '-4' is not a positive integer"),
     (["quickstart", "--targets", "x"], "argument --targets: 'x' is not a speedup"),
     (["quickstart", "--episodes", "0"], "argument --episodes: '0' is not a positive integer"),
     (["quickstart", "--workers", "0"], "argument --workers: '0' is not a positive integer"),
-    (["headroom.py", "--oracle-prompts", "0"], "argument --oracle-prompts: '0' is not a positive integer"),
     (["dataset-report", "morca/tiny/x-v0", "--plot", "k.txt"], "--plot k.txt: '.txt' is not an image format; valid:"),
     (['calibrate', '--env', 'Nope-v0'], "argument --env: 'Nope-v0' is not a MORCA env; valid: MorcaWan21-v0"),
     (['fit-fixed', '--budgets', '30', '--env', 'Nope-v0'], "argument --env: 'Nope-v0' is not a MORCA env; valid: MorcaWan21-v0"),
@@ -253,10 +250,7 @@ def test_script_argument(args, fragment, capsys, monkeypatch, tmp_path):
     Path("A_DIR").mkdir()
     script, argv = args[0], [recipe if a == "RECIPE" else a for a in args[1:]]
     with pytest.raises(SystemExit) as exit_info:  # argparse exits before anything runs
-        if script.endswith(".py"):  # an experiment under scripts/
-            importlib.import_module(script[:-3]).main(argv)  # scripts/experiments is on the tests' pythonpath
-        else:  # a `morca` subcommand
-            commands.main([script, *argv])
+        commands.main([script, *argv])
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err
 

@@ -124,11 +124,11 @@ def test_morca_env_never_imports_agents():
     assert reaching == []
 
 
-OUTSIDE = ("scripts", "benchmarks", "examples")  # research code, tools and examples: not installed
+OUTSIDE = ("research", "perf", "examples")  # studies, timing tools and examples: not installed
 
 
 def test_code_outside_the_package_uses_only_its_public_names():
-    """Experiments, tools, benchmarks and examples import the packages' public names only (no `_x`, no module
+    """Studies, timing tools and examples import the packages' public names only (no `_x`, no module
     that does not exist), read no private attribute of another object, and nothing installed imports them."""
     misuse = []
     for folder in OUTSIDE:
@@ -151,7 +151,29 @@ def test_tests_are_organised_by_package_and_load_no_script_by_path():
     tests = ROOT / "tests"
     assert sorted(p.name for p in tests.glob("*.py")) == ["conftest.py"]  # every test lives in its package's folder
     assert {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))} == {
-        "envs", "models", "schedulers", "evaluation", "agents", "cli", "experiments", "project"}
+        "envs", "diffusion", "speedup", "data", "utils", "models", "schedulers", "evaluation", "agents", "cli",
+        "project"}
     by_path = [f"{p.relative_to(ROOT)}" for p in tests.rglob("*.py") if p != Path(__file__)
                and any(s in p.read_text() for s in ("spec_from_file_location", "run_path(", "SourceFileLoader"))]
-    assert by_path == []  # scripts are run as commands or imported by name (pyproject's pytest pythonpath)
+    assert by_path == []  # scripts are run as commands or imported by name
+
+
+def test_the_package_top_level_shows_its_families():
+    """The env's own modules at the top, everything else in a family folder: at most 12 top-level modules."""
+    top = sorted(p.stem for p in (ROOT / "morca_env").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 12, top
+    families = {p.name for p in (ROOT / "morca_env").iterdir() if (p / "__init__.py").exists()}
+    assert {"diffusion", "speedup", "data", "evaluation", "parallel", "utils", "schedulers", "models",
+            "commands"} <= families
+
+
+def test_studies_are_folders_with_a_write_up_and_need_no_pythonpath():
+    import tomllib
+
+    studies = [p for p in (ROOT / "research").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
+    assert studies and all((p / "README.md").exists() for p in studies), [p.name for p in studies]
+    assert not list((ROOT / "research").glob("*.py"))  # every script belongs to a study
+    pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert pytest_options["pythonpath"] == ["."]
+    assert "research" in pytest_options["testpaths"]
+    assert not (ROOT / "scripts").exists()  # `morca <subcommand>` is the only entry

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTSIDE = re.compile(r"(?<![\w/.])(scripts|benchmarks|docs|research|examples|tests|datasets)/[\w*]")
+OUTSIDE = re.compile(r"(?<![\w/.])(scripts|benchmarks|perf|docs|research|examples|tests|datasets)/[\w*]")
 
 
 def _said(tree: ast.AST):

@@ -27,7 +27,7 @@ def readme_blocks(include_gpu=False, documents=DOCUMENTS):
 
 
 def test_the_readme_is_short_and_keeps_measurements_in_docs():
-    """A page for users: <= 250 lines, and no dated measurement (those live in docs/benchmarks.md and the
+    """A page for users: <= 250 lines, and no dated measurement (those live in docs/performance.md and the
     results pages), so it cannot go stale the way a lab notebook does."""
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 250

@@ -150,8 +150,9 @@ UNDER_ACCELERATE = {"random": {"seed": 0}, "seacache": {"delta": 0.3}, "seacache
 def test_every_scheduler_is_in_a_contract_test():
     """Each registry entry is played at exact K above (or, needing files, in its own test) and under `accelerate`
     below or in tests/schedulers/rule_forms.py (the rules): a new entry must join one of them."""
-    rules = {n for n in schedulers.names() if schedulers.entry(n).factory.__module__.startswith(
-        "morca_env.schedulers.rules")}
+    from morca_env.schedulers.rules import FORMS
+
+    rules = {rule + suffix for rule in schedulers.rule_names() for _, suffix in FORMS}
     assert set(schedulers.names()) - rules - set(NEEDS_FILES) - {"fixed"} == set(UNDER_ACCELERATE)
 
 
