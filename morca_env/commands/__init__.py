@@ -24,6 +24,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 GROUP = "morca_gym.commands"
+# renamed subcommands answer under their old name for one release (`references` read like the reference videos)
+RENAMED = {"references": "benchmark-references"}
 
 
 def commands() -> dict:
@@ -46,7 +48,9 @@ def summary(point) -> str:
 
 
 def usage() -> str:
-    rows = [f"  {name:<16} {summary(point)}" for name, point in commands().items()]
+    found = commands()
+    width = max(map(len, found), default=0)
+    rows = [f"  {name:<{width}}  {summary(point)}" for name, point in found.items()]
     return ("usage: morca <command> [options]     (morca <command> --help for its options)\n\ncommands:\n"
             + "\n".join(rows))
 
@@ -89,6 +93,10 @@ def main(argv=None) -> int:
         print(usage())
         return 0
     name, rest = argv[0], argv[1:]
+    if name in RENAMED:
+        print(f"morca: `morca {name}` is now `morca {RENAMED[name]}`; the old name goes in the next release",
+              file=sys.stderr)
+        name = RENAMED[name]
     found = commands()
     if name not in found:
         print(f"morca: unknown command {name!r}; valid: {', '.join(found)}", file=sys.stderr)

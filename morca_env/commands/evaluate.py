@@ -51,7 +51,7 @@ from pathlib import Path
 
 from morca_env.cli import (env_id, json_dict, nonnegative_int, output_directory, positive_int, show_library_messages,
                            speedup, thread_count, worker_count)
-from morca_env.evaluation.runner import DEFAULT_BASELINES, DEFAULT_METHODS, EvaluationConfig, evaluate
+from morca_env.evaluation.runner import DEFAULT_BASELINES, DEFAULT_METHODS, EvaluationConfig, run_evaluation
 from morca_env.parallel.executors import add_ray_arguments, executor_from_args
 from morca_env.utils.threads import configure_threads
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
             calibrate=args.calibrate, timing_repeats=args.timing_repeats, feedback=args.feedback,
             baselines=tuple(args.baselines), matched=not args.no_matched, same_k=args.same_k, workers=args.workers)
         threads = configure_threads(args.threads, workers=args.workers if args.ray else 1)
-        result = evaluate(config, executor, threads=threads, overwrite=args.overwrite)
+        result = run_evaluation(config, executor, threads=threads, overwrite=args.overwrite)
     except (ValueError, RuntimeError, OSError) as error:
         raise SystemExit(f"morca evaluate: {error}") from None
     print("\n" + result.text)

@@ -21,7 +21,7 @@ they run: this process, local worker processes or Ray actors (`morca_env.paralle
 """
 
 from .build import build_minari_dataset, dataset_card, recover_leftovers
-from .collect import collect_dataset, collected_episode, collected_episodes, episode_record, relabel, run_episode
+from .collect import collect_dataset, collected_episode, collected_episodes, episode_record, relabel, record_episode
 from .recipe import CollectionRecipe, check_dataset_id, make_behavior, minari_root, staging_root
 from .replay import episode_options, first_episodes, to_replay_buffer, transition_picker
 from .staging import completed_indices, drop_damaged_episodes, episode_path, read_episode, write_episode
@@ -29,5 +29,16 @@ from .staging import completed_indices, drop_damaged_episodes, episode_path, rea
 __all__ = ["CollectionRecipe", "build_minari_dataset", "check_dataset_id", "collect_dataset", "collected_episode",
            "collected_episodes", "completed_indices", "dataset_card", "drop_damaged_episodes", "episode_options",
            "episode_path", "episode_record", "first_episodes", "make_behavior", "minari_root", "read_episode",
-           "recover_leftovers", "relabel", "run_episode", "staging_root", "to_replay_buffer", "transition_picker",
+           "recover_leftovers", "relabel", "record_episode", "staging_root", "to_replay_buffer", "transition_picker",
            "write_episode"]
+
+
+def __getattr__(name: str):
+    """`run_episode` was also the evaluation's name for another job: collecting one episode is `record_episode`."""
+    if name == "run_episode":
+        import warnings
+
+        warnings.warn("morca_env.data.run_episode is now record_episode; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return record_episode
+    raise AttributeError(f"module 'morca_env.data' has no attribute {name!r}")

@@ -57,7 +57,7 @@ def relabel(observations: dict[str, np.ndarray], actions: np.ndarray, spec: Budg
     return {**observations, "scalars": scalars, "action_mask": masks}
 
 
-def run_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, Any]:
+def record_episode(env, policy, index: int, recipe: CollectionRecipe) -> dict[str, Any]:
     """One behaviour episode, relabelled, as arrays ready for an episode file."""
     from ..rollout import rollout
 
@@ -88,7 +88,7 @@ def collected_episode(recipe_dict: dict, env, index: int) -> tuple[int, dict]:
     function runs in this process, in local workers and on Ray actors, so every path gives identical episodes."""
     recipe = CollectionRecipe(**recipe_dict)
     policy = make_behavior(recipe.behavior, env, seed=recipe.seed + index)
-    return index, run_episode(env, policy, index, recipe)
+    return index, record_episode(env, policy, index, recipe)
 
 
 def collected_episodes(recipe_dict: dict, envs, indices: list[int]) -> list[tuple[int, dict]]:

@@ -10,7 +10,7 @@ method (the env's calibration and per-seed rounding; nothing timed). The normali
 is 100 x (PSNR - random feasible) / (best fixed - random feasible), both references
 measured on the same episodes: 0 is a random schedule with K reuses, 100 the best fixed
 schedule, the bar a learned scheduler must clear. The references ship as package data
-(`benchmark_references.json`); `morca references MorcaTiny-v0` remakes them.
+(`benchmark_references.json`); `morca benchmark-references MorcaTiny-v0` remakes them.
 """
 
 from __future__ import annotations
@@ -352,7 +352,7 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
             if ref is not None and ref["k"][index] != k:
                 raise RuntimeError(f"the references were measured at K={ref['k'][index]} for target {target:g}, "
                                    f"pair {index}; this env gives K={k} (another calibration or step count): remake "
-                                   f"them with morca references {suite.env_id}")
+                                   f"them with morca benchmark-references {suite.env_id}")
     slots = episodes_per_batch(env)
     members = [policy] + [copy.deepcopy(policy) for _ in range(slots - 1)]
     trajectories = rollout_many(env, [members[j % slots] for j in range(len(episodes))],
@@ -425,7 +425,7 @@ def measure_references(env_id: str = "MorcaTiny-v0", *, env=None, progress: bool
                                     for m in REFERENCE_METHODS}}
     return {"env_id": env_id, "suite": suite.prompts, "env_kwargs": suite.kwargs, "random_seed": seed,
             "num_pairs": len(suite.pairs()), "targets": targets,
-            "command": f"morca references {env_id}"}
+            "command": f"morca benchmark-references {env_id}"}
 
 
 def _packaged_path() -> Path:

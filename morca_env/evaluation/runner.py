@@ -399,7 +399,7 @@ class EvaluationRun:
                 policy.close()
 
 
-def evaluate(config: EvaluationConfig, executor=None, threads: int | None = None,
+def run_evaluation(config: EvaluationConfig, executor=None, threads: int | None = None,
              overwrite: bool = False) -> EvaluationResult:
     """Run (or resume) the evaluation `config` describes and write its tables, figures and videos into
     `config.out`. One writer per out directory (a second one fails naming the first one's pid); `overwrite`

@@ -27,7 +27,7 @@ BASES = {  # the required arguments of each subcommand, with values that let it 
     "dataset-report": ["sweep/none-v0"],
     "export-searched": ["logs", "--out", "searched.json"],
     "fit-fixed": ["--budgets", "30", "--evaluations", "1", "--prompts", "tiny-train:1"],
-    "references": ["MorcaTiny-v0", "--out", "references.json"],
+    "benchmark-references": ["MorcaTiny-v0", "--out", "references.json"],
     "search": ["--out", "search"],
     "train-testbed": ["--model", "tiny", "--steps", "1", "--run-dir", "testbed", "--out", "testbed.safetensors"],
     "verify-dataset": ["sweep/none-v0"],

@@ -10,7 +10,7 @@ from morca_env import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"collect", "train", "finetune", "evaluate", "calibrate", "search", "quickstart", "reinforce",
-            "references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "cache",
+            "benchmark-references", "fit-fixed", "fit-rules", "export-searched", "dataset-report", "verify-dataset", "cache",
             "leaderboard", "train-testbed",
             "convert-checkpoint", "anchor"}
 
@@ -34,7 +34,17 @@ def test_each_subcommand_help_names_itself(name, capsys):
 
 def test_an_unknown_subcommand_is_refused_naming_the_valid_ones(capsys):
     assert commands.main(["colect"]) == 2
-    assert "unknown command 'colect'; valid: anchor, cache, calibrate, collect" in capsys.readouterr().err
+    assert "unknown command 'colect'; valid: anchor, benchmark-references, cache, calibrate, collect" in capsys.readouterr().err
+
+
+def test_a_renamed_subcommand_answers_under_its_old_name_with_a_notice(capsys):
+    assert set(commands.RENAMED.values()) <= set(commands.commands())
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main(["references", "--help"])
+    assert exit_info.value.code == 0
+    captured = capsys.readouterr()
+    assert "`morca references` is now `morca benchmark-references`" in captured.err
+    assert "usage: morca benchmark-references" in captured.out
 
 
 def test_no_script_duplicates_a_morca_command():

@@ -59,7 +59,7 @@ def test_a_workers_own_error_reaches_the_user(roots, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("the behaviour exploded at step 3")
 
-    monkeypatch.setattr(collecting, "run_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
+    monkeypatch.setattr(collecting, "record_episode", broken)  # workers fork (threads=1 on Linux) and inherit it
     with pytest.raises(RuntimeError, match="collection failed: ValueError: the behaviour exploded at step 3"):
         collect("test/tiny/workers-v0", 4, workers=2)
 

@@ -64,19 +64,19 @@ def test_a_rerun_with_other_settings_is_refused_not_reported_as_new_rows(tmp_pat
     or another method under the same label must refuse (naming what changed) or start afresh."""
     import pytest
 
-    from morca_env.evaluation import evaluate
+    from morca_env.evaluation import run_evaluation
 
-    first = evaluate(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",)))
+    first = run_evaluation(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",)))
     assert [r["method"] for r in first.rows] == ["u"]
     with pytest.raises(ValueError, match=r"method 'u'.*uniform.*random"):
-        evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}",)))
+        run_evaluation(_config(tmp_path, methods=("u={\"name\": \"random\"}",)))
     changed = {**_config(tmp_path).env_kwargs, "num_inference_steps": 10}
     with pytest.raises(ValueError, match=r"env_kwargs.*'num_inference_steps': 8.*'num_inference_steps': 10"):
-        evaluate(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",), env_kwargs=changed))
-    again = evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}",)), overwrite=True)
+        run_evaluation(_config(tmp_path, methods=("u={\"name\": \"uniform\"}",), env_kwargs=changed))
+    again = run_evaluation(_config(tmp_path, methods=("u={\"name\": \"random\"}",)), overwrite=True)
     assert len(again.rows) == 1 and again.rows[0]["psnr"] != first.rows[0]["psnr"]  # recomputed, not the old row
     # adding a method to an identical run continues it
-    more = evaluate(_config(tmp_path, methods=("u={\"name\": \"random\"}", "uniform")))
+    more = run_evaluation(_config(tmp_path, methods=("u={\"name\": \"random\"}", "uniform")))
     assert sorted(r["method"] for r in more.rows) == ["u", "uniform"]
 
 
@@ -106,15 +106,15 @@ def test_a_torn_last_row_is_redone_on_resume(tmp_path):
     """A crash mid-write leaves half a line; the resume drops it with a warning and redoes the row."""
     import pytest
 
-    from morca_env.evaluation import evaluate
+    from morca_env.evaluation import run_evaluation
 
     config = _config(tmp_path)
-    evaluate(config)
+    run_evaluation(config)
     log = config.out / "episodes.jsonl"
     text = log.read_text()
     log.write_text(text + text[: len(text) // 2])  # a second row torn in the middle
     with pytest.warns(UserWarning, match="torn last line"):
-        result = evaluate(_config(tmp_path, targets=(2.0, 2.5)))
+        result = run_evaluation(_config(tmp_path, targets=(2.0, 2.5)))
     assert [r["target"] for r in result.rows] == [2.0, 2.5]
     assert all(line.startswith("{") and line.endswith("}") for line in log.read_text().splitlines())
 
@@ -125,14 +125,14 @@ def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_
     is the one the finished rows imply."""
     import pytest
 
-    from morca_env.evaluation import evaluate
+    from morca_env.evaluation import run_evaluation
     from morca_env.speedup.governor import SpeedupGovernor
 
     methods = ("uniform", 'twin={"name": "uniform"}', "seacache-global")
     env_kwargs = {"num_inference_steps": 10, "latent_features": False, "reference_cache_dir": str(tmp_path / "refs")}
     config = dict(methods=methods, feedback=True, matched=False, targets=(1.5,), env_kwargs=env_kwargs)
-    evaluate(_config(tmp_path, prompts=2, **config))
-    rows = evaluate(_config(tmp_path, prompts=3, **config)).rows  # resumes at the third prompt
+    run_evaluation(_config(tmp_path, prompts=2, **config))
+    rows = run_evaluation(_config(tmp_path, prompts=3, **config)).rows  # resumes at the third prompt
     by = {(r["method"], r["prompt_index"]): r for r in rows}
     for index in range(3):
         uniform, twin = by["uniform", index], by["twin", index]
@@ -152,13 +152,13 @@ def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_
 def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(tmp_path):
     """A static schedule's per-step time counts in its K as a learned scheduler's does (else a learned scheduler
     that plays it runs a higher K at the same target); a rule on its own K pays it through its realised speedup."""
-    from morca_env.evaluation import evaluate
+    from morca_env.evaluation import run_evaluation
 
-    rows = evaluate(_config(tmp_path, methods=("uniform", "seacache-global"), calibrate=1, matched=False,
+    rows = run_evaluation(_config(tmp_path, methods=("uniform", "seacache-global"), calibrate=1, matched=False,
                             targets=(1.5,))).rows
     cost = {r["method"]: r["scheduler_cost_s"] for r in rows}
     assert cost["uniform"] > 0 and cost["seacache-global"] == 0
-    ideal = evaluate(_config(tmp_path / "ideal", methods=("uniform",), matched=False)).rows  # nothing maps s to K
+    ideal = run_evaluation(_config(tmp_path / "ideal", methods=("uniform",), matched=False)).rows  # nothing maps s to K
     assert ideal[0]["scheduler_cost_s"] == 0
 
 

@@ -1,7 +1,7 @@
 """Measure the benchmark's references: the random feasible policy and the best fixed schedule on an env's suite.
 
-    morca references MorcaTiny-v0            # remakes the shipped file (~6 min on 2 CPU cores)
-    morca references MorcaTiny-v0 --out refs.json
+    morca benchmark-references MorcaTiny-v0            # remakes the shipped file (~6 min on 2 CPU cores)
+    morca benchmark-references MorcaTiny-v0 --out refs.json
 
 They are the 0 and the 100 of `morca_env.evaluation.benchmark`'s normalized score; the shipped
 copy (morca_env/data_files/benchmark_references.json) was made by the first line.
@@ -19,7 +19,7 @@ from morca_env.cli import thread_count
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="morca references", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="morca benchmark-references", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("env_id", choices=sorted(benchmark.SUITES))
     p.add_argument("--out", default=None, help="JSON file to merge into (default: the packaged references)")
     p.add_argument("--seed", type=int, default=0, help="the random feasible policy's seed")
