@@ -38,7 +38,6 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -9,7 +9,6 @@ import os
 import time
 import warnings
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import gymnasium as gym

@@ -99,8 +99,7 @@ def bench_collection(args) -> None:
 
     root = tempfile.mkdtemp(prefix="morca-bench-vector-")
     os.environ["MINARI_DATASETS_PATH"] = os.path.join(root, "minari")
-    recipe = CollectionRecipe.from_file(os.path.join(os.path.dirname(__file__), "..", "datasets", "morca", "tiny",
-                                                     "mixture-v0.json"))
+    recipe = CollectionRecipe.from_file("morca/tiny/mixture-v0")
     print(f"\ncollection end to end: {args.collect} episodes of {recipe.dataset_id}'s recipe, 2 workers x 1 thread, "
           "references generated in the run")
     rates = {}

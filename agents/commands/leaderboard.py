@@ -28,7 +28,7 @@ from pathlib import Path
 from morca_env.parallel.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
-DATASETS = {"mixture": "datasets/morca/tiny/mixture-v0.json", "random": "datasets/morca/tiny/random-v0.json"}
+DATASETS = {"mixture": "morca/tiny/mixture-v0", "random": "morca/tiny/random-v0"}  # packaged recipes
 RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-fixed",
          "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact",
          # trained once and shipped (agents/trained/README.md), so scored like a rule: one run, no training here

@@ -6,8 +6,8 @@
     morca quickstart --scale paper        # the paper's recipe at the paper's sizes (hours on a CPU)
     morca quickstart --episodes 300 --offline-epochs 10 ...   # anything in between
 
-Runs the same commands you would run at full scale, one after the other, from a checkout (the data recipes are
-its datasets/ files):
+Runs the same commands you would run at full scale, one after the other (the data recipes ship with the
+package, named by their dataset id):
   1. morca collect               offline trajectories -> Minari dataset: groups of episodes on and around the best
                                  fixed schedule (anchored), the mixture recipe (--recipe paper), or the paper's
                                  random threshold curves (--scale paper)
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from morca_env.cli import nonnegative_int, output_directory, positive_int, speedup
 from morca_env.commands import resume_flag, run_step as run
+from morca_env.data.recipe import find_recipe
 from morca_env.models.presets import preset_for_env
 
 # sizes where 0 means something (no cap on the updates, no warm-up, the installed calibration); every other
@@ -45,13 +46,13 @@ QUICK = dict(episodes=400, workers=2, offline_epochs=60, max_steps_per_epoch=80,
 SCALES = {  # MorcaTiny-v0's recipes and prompts; `for_env` gives another testbed's
     # quick, anchored (the default): scalar state features and Monte-Carlo returns, the variant that learns at CPU
     # scale (docs/results/ablation_tiny.md), on groups around the best fixed schedule (agents.anchored)
-    ("quick", "anchored"): dict(data="datasets/morca/tiny/anchored-v2.json", prompts="tiny-train[5::22]", **QUICK),
+    ("quick", "anchored"): dict(data="morca/tiny/anchored-v2", prompts="tiny-train[5::22]", **QUICK),
     # quick, paper: the same sizes on the mixture data (threshold curves alone: -0.2 / -0.4 dB against the best
     # fixed schedule at 2.5x / 3x; the mixture: +0.7 / +0.1, docs/results/scheduler_tiny.md)
-    ("quick", "paper"): dict(data="datasets/morca/tiny/mixture-v0.json", prompts="tiny-train:250", **QUICK),
+    ("quick", "paper"): dict(data="morca/tiny/mixture-v0", prompts="tiny-train:250", **QUICK),
     # paper: the paper's data, network (latent features) and one-step TD
     # (96 episodes x 2400 updates collapsed to "reuse until the budget runs out"; 400 x 4800 does not)
-    ("paper", "paper"): dict(data="datasets/morca/tiny/random-v0.json", prompts="tiny-train:250", episodes=1000,
+    ("paper", "paper"): dict(data="morca/tiny/random-v0", prompts="tiny-train:250", episodes=1000,
                              workers=2, offline_epochs=200, max_steps_per_epoch=0, rounds=16, trajectories=100,
                              warmup_epochs=5, joint_epochs=20, online_steps_per_epoch=0, eval_prompts=200,
                              calibration_rounds=10, timing_repeats=3, features="p3,mean,var", n_step=1,
@@ -59,7 +60,7 @@ SCALES = {  # MorcaTiny-v0's recipes and prompts; `for_env` gives another testbe
 }
 
 
-TESTBEDS = ("MorcaTiny-v0", "MorcaScenes-v0")  # the CPU testbeds whose recipes live in datasets/morca/<model>/
+TESTBEDS = ("MorcaTiny-v0", "MorcaScenes-v0")  # the CPU testbeds with packaged recipes (morca/<model>/<name>)
 
 
 def for_env(sizes: dict, env_id: str) -> dict:
@@ -93,9 +94,10 @@ def main(argv=None) -> int:
         p.error("--scale paper runs the paper's recipe only (the anchored recipe's sizes are --scale quick's)")
     defaults = for_env(SCALES[(args.scale, recipe)], args.env)
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in defaults.items()}
-    if not Path(sizes["data"]).is_file():
-        p.error(f"data recipe {sizes['data']!r} not found: run from a checkout of morca-gym (the recipes live in "
-                "its datasets/ folder), or pass --data <file>")
+    try:
+        find_recipe(sizes["data"])
+    except FileNotFoundError as error:
+        p.error(f"--data: {error}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MINARI_DATASETS_PATH": str(out / "minari"), "MORCA_CACHE_DIR": str(out / "cache"),

@@ -23,7 +23,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np

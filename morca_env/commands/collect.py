@@ -1,14 +1,15 @@
 """Build an offline dataset from a recipe file (Minari format).
 
-A recipe is a JSON file naming the dataset id, the env and the behaviour; the repository's
-datasets folder holds the published ones, one folder per model (`morca/tiny/random-v0.json` there):
+A recipe is a JSON file naming the dataset id, the env and the behaviour; the published ones ship with the
+package and are named by their dataset id (`morca_env.data.recipe.packaged_recipes()` lists them):
 
-    morca collect random-v0.json                            # 1000 MorcaTiny episodes
-    morca collect random-v0.json --episodes 50 --workers 2
-    morca collect random-v0.json --num-envs 1               # unbatched episodes
-    morca collect wan21-random-v0.json --reference-cache-dir /data/refs   # GPU
-    morca collect random-v0.json --workers 2 --ray          # local Ray runtime
-    morca collect wan21-random-v0.json --workers 8 --ray --ray-address auto  # cluster
+    morca collect morca/tiny/random-v0                      # 1000 MorcaTiny episodes
+    morca collect morca/tiny/random-v0 --episodes 50 --workers 2
+    morca collect morca/tiny/random-v0 --num-envs 1         # unbatched episodes
+    morca collect my-recipe.json                            # your own recipe file
+    morca collect morca/wan21/random-v0 --reference-cache-dir /data/refs   # GPU
+    morca collect morca/tiny/random-v0 --workers 2 --ray    # local Ray runtime
+    morca collect morca/wan21/random-v0 --workers 8 --ray --ray-address auto  # cluster
 
 Crash-safe and resumable (`--resume`, the default): finished episodes are kept
 in ~/.cache/morca/collect/<dataset_id>/ and the Minari dataset is built only
@@ -27,22 +28,22 @@ from pathlib import Path
 
 from morca_env.cli import json_dict, positive_int, show_library_messages, thread_count, worker_count
 from morca_env.data import CollectionRecipe, collect_dataset
+from morca_env.data.recipe import find_recipe
 from morca_env.parallel.executors import add_ray_arguments, executor_from_args
 from morca_env.parallel.workers import DEFAULT_NUM_ENVS, default_num_envs
 
 
 def recipe_file(text: str) -> Path:
-    path = Path(text)
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"recipe {text!r} is not a file; valid: a JSON recipe file (the "
-                                         "repository's datasets folder holds the published ones)")
-    return path
+    try:
+        return find_recipe(text)
+    except FileNotFoundError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def main(argv=None) -> int:
     show_library_messages()
     p = argparse.ArgumentParser(prog="morca collect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("recipe", type=recipe_file, help="a JSON recipe from datasets/")
+    p.add_argument("recipe", type=recipe_file, help="a JSON recipe file, or a packaged recipe's dataset id")
     p.add_argument("--episodes", type=positive_int, help="override the recipe's episode count")
     p.add_argument("--dataset-id", help="override the dataset id (e.g. for a small test build)")
     p.add_argument("--workers", type=worker_count, default=1,

@@ -19,7 +19,6 @@ import shlex
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import gymnasium as gym
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from pathlib import Path
 
 import gymnasium as gym
 

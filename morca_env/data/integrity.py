@@ -108,7 +108,7 @@ def load_dataset(dataset_id: str):
         raise FileNotFoundError(
             f"dataset {dataset_id!r} is not in the local Minari root {root} (MINARI_DATASETS_PATH); local datasets: "
             f"{', '.join(local) or 'none'}. MORCA's datasets are not hosted: make it with `morca collect "
-            "<recipe.json>` (the repository's datasets folder holds the published recipes)")
+            "<recipe>` (a recipe file, or a packaged recipe's dataset id such as morca/tiny/random-v0)")
     try:
         return minari.load_dataset(dataset_id)
     except (OSError, KeyError, json.JSONDecodeError) as error:

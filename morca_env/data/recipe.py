@@ -7,11 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from ..utils.paths import cache_root
 from .. import schedulers
-
-
-
+from ..utils.paths import cache_root
 
 SPEC_EXCLUDED_KWARGS = ("reference_cache_dir", "pipeline", "device")
 
@@ -29,7 +26,7 @@ class CollectionRecipe:
     feature_dtype: str = "float16"
     description: str = ""
     author: str = "MORCA gym"
-    code_permalink: str = "morca-gym repository, morca collect (morca_env/data.py)"
+    code_permalink: str = "morca-gym, morca collect (morca_env.data.collect)"
     algorithm_name: str = "threshold-curve SeaCache (MORCA App. B.3)"
 
     def __post_init__(self):
@@ -53,12 +50,40 @@ class CollectionRecipe:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "CollectionRecipe":
-        return cls(**json.loads(Path(path).read_text()))
+        """A recipe file, or a packaged recipe named by its dataset id (`morca/tiny/anchored-v2`). A relative
+        `path` inside its behaviour (a schedules file) is read beside the recipe, wherever it is run from."""
+        path = find_recipe(path)
+        fields_ = json.loads(path.read_text())
+        for spec in _nested_specs(fields_.get("behavior")):
+            if isinstance(spec.get("path"), str) and not Path(spec["path"]).is_absolute():
+                spec["path"] = str((path.parent / spec["path"]).resolve())
+        return cls(**fields_)
 
     def identity(self) -> dict:
         """The fields that must match for a resumed collection to continue the same data."""
         return {"env_id": self.env_id, "env_kwargs": self.env_kwargs, "behavior": self.behavior, "seed": self.seed,
                 "feature_dtype": self.feature_dtype}
+
+
+def packaged_recipes() -> dict[str, Path]:
+    """Dataset id -> the recipe file shipped with the package (`morca_env/data/recipes/<model>/<name>.json`)."""
+    from importlib import resources
+
+    root = Path(str(resources.files(__package__) / "recipes"))
+    return {f"morca/{p.parent.name}/{p.stem}": p for p in sorted(root.glob("*/*.json"))
+            if not p.name.endswith(".schedules.json")}
+
+
+def find_recipe(name_or_path: str | Path) -> Path:
+    """A recipe file's path: an existing file, or the packaged recipe of a dataset id."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = packaged_recipes()
+    if str(name_or_path) in packaged:
+        return packaged[str(name_or_path)]
+    raise FileNotFoundError(f"recipe {str(name_or_path)!r} is neither a file nor a packaged recipe; valid: a JSON "
+                            f"recipe file or one of {', '.join(packaged)}")
 
 
 def check_dataset_id(dataset_id) -> str:

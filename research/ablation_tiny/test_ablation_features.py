@@ -26,7 +26,7 @@ def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_p
     """Table 3's script: one offline IQL per feature subset (the n-step targets passed through), evaluated at the
     same K next to the best fixed schedule and uniform spacing, paired against the first variant and the best
     fixed schedule."""
-    run(["-m", "morca_env.commands", "collect", str(HERE.parents[1] / "datasets/morca/tiny/mixture-v0.json"), "--dataset-id", "test/ablation-v0",
+    run(["-m", "morca_env.commands", "collect", "morca/tiny/mixture-v0", "--dataset-id", "test/ablation-v0",
                 "--episodes", "4", "--workers", "1"], tmp_path)
     out = tmp_path / "ablation"
     run([str(HERE / "ablation_features.py"), "--dataset", "test/ablation-v0", "--variants", "A0", "A1",

@@ -9,7 +9,7 @@ from `--eval-seed` (never used for evaluation before), at each target, K set by 
 each scheduler's mean paired difference to the best fixed schedule (95% CI), how often it leaves the baseline
 (runs, free steps) and what its departures gain on the runs where it leaves. `--validation-only` stops before
 the evaluation, with each seed's margin candidates on validation (`validation.md`). Needs the dataset
-`--dataset` (`morca collect datasets/morca/tiny/anchored-v2.json`) in $MINARI_DATASETS_PATH.
+`--dataset` (`morca collect morca/tiny/anchored-v2`) in $MINARI_DATASETS_PATH.
 """
 
 from __future__ import annotations

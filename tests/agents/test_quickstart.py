@@ -17,7 +17,7 @@ def test_scenes_quickstart_uses_the_scenes_recipe_prompts_and_env_in_every_step(
     calls, tmp = steps
     assert quickstart.main(["--env", "MorcaScenes-v0", "--out", str(tmp / "qs")]) == 0
     collect, train, finetune, anchor, evaluate = calls
-    assert collect[1] == "datasets/morca/scenes/anchored-v2.json"
+    assert collect[1] == "morca/scenes/anchored-v2"
     assert collect[collect.index("--dataset-id") + 1] == "morca/scenes/quickstart-anchored-v2"
     assert finetune[finetune.index("--prompts") + 1] == "scenes-train[5::22]"
     for argv in (finetune, anchor, evaluate):
@@ -31,13 +31,14 @@ def test_tiny_quickstart_is_unchanged_by_the_env_option(steps):
     calls, tmp = steps
     assert quickstart.main(["--recipe", "paper", "--out", str(tmp / "qs")]) == 0
     collect, train, finetune, evaluate = calls
-    assert collect[1] == "datasets/morca/tiny/mixture-v0.json"
+    assert collect[1] == "morca/tiny/mixture-v0"
     assert finetune[finetune.index("--prompts") + 1] == "tiny-train:250"
     assert evaluate[evaluate.index("--env") + 1] == "MorcaTiny-v0"
 
 
 def test_every_testbed_has_every_quickstart_recipe():
-    root = quickstart.Path(quickstart.__file__).resolve().parents[2]
+    from morca_env.data.recipe import packaged_recipes
+
     for env_id in quickstart.TESTBEDS:
         for sizes in quickstart.SCALES.values():
-            assert (root / quickstart.for_env(sizes, env_id)["data"]).is_file(), (env_id, sizes["data"])
+            assert quickstart.for_env(sizes, env_id)["data"] in packaged_recipes(), (env_id, sizes["data"])

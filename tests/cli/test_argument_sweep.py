@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = str(ROOT / "agents" / "trained" / "morca-tiny-v0.safetensors")
 BASES = {  # the required arguments of each subcommand, with values that let it start
     "anchor": [SHIPPED, "--out", "anchored.safetensors"],
-    "collect": [str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json"), "--episodes", "1",
+    "collect": ["morca/tiny/random-v0", "--episodes", "1",
                 "--dataset-id", "sweep/random-v0"],
     "convert-checkpoint": ["old.d3"],
     "dataset-report": ["sweep/none-v0"],

@@ -184,7 +184,7 @@ SCRIPT_ROWS = [  # morca <command> <args>: argparse's usage error (exit code 2) 
     (["collect", "RECIPE", "--env-kwargs", "{speedup: 2}"], "argument --env-kwargs: '{speedup: 2}' is not JSON"),
     (["collect", "RECIPE", "--env-kwargs", "[1]"], "argument --env-kwargs: '[1]' is not a JSON object of env kwargs"),
     (["collect", "RECIPE", "--dataset-id", "morca/x"], "dataset_id='morca/x' is not a Minari dataset id"),
-    (["collect", "missing.json"], "argument recipe: recipe 'missing.json' is not a file"),
+    (["collect", "missing.json"], "argument recipe: recipe 'missing.json' is neither a file nor a packaged recipe; valid: a JSON recipe file or one of morca/scenes/anchored-v2"),
     (["train", "--epochs", "0"], "argument --epochs: '0' is not a positive integer"),
     (["train", "--batch-size", "big"], "argument --batch-size: 'big' is not a positive integer"),
     (["train", "--n-step", "-5"], "argument --n-step: '-5' is not a positive integer"),
@@ -244,7 +244,7 @@ if not __import__("torch").cuda.is_available():
 
 @pytest.mark.parametrize("args, fragment", SCRIPT_ROWS, ids=[" ".join(a) for a, _ in SCRIPT_ROWS])
 def test_script_argument(args, fragment, capsys, monkeypatch, tmp_path):
-    recipe = str(ROOT / "datasets" / "morca" / "tiny" / "random-v0.json")
+    recipe = "morca/tiny/random-v0"
     monkeypatch.chdir(tmp_path)
     Path("A_FILE").write_text("")
     Path("A_DIR").mkdir()
@@ -418,4 +418,4 @@ def test_a_missing_dataset_names_the_root_and_how_to_make_it_not_a_download(tmp_
         load_dataset("nope/none-v0")
     message = str(caught.value)
     assert f"dataset 'nope/none-v0' is not in the local Minari root {tmp_path}" in message
-    assert "morca collect <recipe.json>" in message and "download" not in message
+    assert "morca collect <recipe>" in message and "download" not in message

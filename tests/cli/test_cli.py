@@ -66,7 +66,7 @@ def test_a_refused_collection_is_one_line_without_a_traceback_unless_debug(tmp_p
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MORCA_DEBUG", raising=False)
-    recipe = Path(__file__).resolve().parents[2] / "datasets" / "morca" / "tiny" / "random-v0.json"
+    recipe = "morca/tiny/random-v0"
     dataset_id = CollectionRecipe.from_file(recipe).dataset_id
     with exclusive_lock(staging_root() / f"{dataset_id}.lock", "test"):
         assert commands.main(["collect", str(recipe), "--episodes", "1"]) == 1

@@ -276,3 +276,30 @@ def test_staging_is_per_dataset_root(roots, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(roots / "other-root"))
     second = staging_root() / "test/tiny/root-v0"
     assert second != first and not completed_indices(second, 2)  # the other root collects its own episodes
+
+
+def test_packaged_recipes_load_by_id_from_anywhere_and_read_their_files_beside_them(tmp_path, monkeypatch):
+    """The published recipes ship with the package: a pip install collects them by dataset id, from any folder,
+    and a relative schedules file in a behaviour is read beside its recipe."""
+    from pathlib import Path
+
+    from morca_env.data import CollectionRecipe
+    from morca_env.data.recipe import find_recipe, packaged_recipes
+
+    monkeypatch.chdir(tmp_path)  # not the checkout
+    recipes = packaged_recipes()
+    assert {"morca/tiny/random-v0", "morca/tiny/anchored-v2", "morca/scenes/anchored-v2", "morca/wan21/random-v0",
+            "morca/wan22/random-v0", "morca/tiny/searched-v0"} <= set(recipes)
+    for dataset_id, path in recipes.items():
+        recipe = CollectionRecipe.from_file(dataset_id)
+        assert recipe.dataset_id == dataset_id and find_recipe(dataset_id) == path
+    searched = CollectionRecipe.from_file("morca/tiny/searched-v0").behavior["path"]
+    assert Path(searched).is_absolute() and Path(searched).is_file()
+    assert Path(searched) == recipes["morca/tiny/searched-v0"].parent / "searched-v0.schedules.json"
+    own = tmp_path / "own.json"  # a user's recipe: its relative paths are its own folder's
+    own.write_text('{"dataset_id": "test/own-v0", "env_id": "MorcaTiny-v0", "num_episodes": 1, '
+                   '"behavior": {"name": "replay", "path": "schedules.json"}}')
+    assert CollectionRecipe.from_file(own).behavior["path"] == str(tmp_path / "schedules.json")
+    with pytest.raises(FileNotFoundError, match=r"recipe 'morca/tiny/nope-v0' is neither a file nor a packaged "
+                                                r"recipe; valid: a JSON recipe file or one of morca/scenes/"):
+        find_recipe("morca/tiny/nope-v0")
