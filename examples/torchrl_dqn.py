@@ -3,9 +3,9 @@
     pip install morca-gym torchrl                       # torchrl needs gymnasium >= 1.1: the core install allows it
     python examples/torchrl_dqn.py                      # MorcaTiny-v0, 2000 frames, then the benchmark
 
-`GymEnv(..., categorical_action_encoding=True)` keeps the Dict observation's keys;
-`ActionMask()` reads `action_mask` into the action spec, so random and epsilon-greedy
-actions, and `QValueModule(action_mask_key=...)`, only pick feasible actions.
+`GymEnv(..., categorical_action_encoding=True)` keeps the Dict observation's keys; `mask_dtype="bool"` (the one
+argument beyond torchrl's docs) gives the mask in torchrl's dtype, so `ActionMask()` reads it into the action spec
+and random, epsilon-greedy and `QValueModule(action_mask_key=...)` actions are all feasible.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class Concat(torch.nn.Module):
 
 
 def main(env_id: str = "MorcaTiny-v0", frames: int = 2000, score: bool = True, **env_kwargs):
-    from tensordict import TensorDict
     from tensordict.nn import TensorDictModule, TensorDictSequential
     from torchrl.collectors import Collector
     from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -42,15 +41,14 @@ def main(env_id: str = "MorcaTiny-v0", frames: int = 2000, score: bool = True, *
 
     torch.set_num_threads(1)
     kwargs = benchmark.training_kwargs(env_id, **env_kwargs)  # training prompts, speedups across the targets
-    env = TransformedEnv(GymEnv(env_id, categorical_action_encoding=True, **kwargs), ActionMask())
+    env = TransformedEnv(GymEnv(env_id, categorical_action_encoding=True, mask_dtype="bool", **kwargs), ActionMask())
     ranks = {k: len(env.observation_spec[k].shape) for k in FEATURES}
     policy = TensorDictSequential(
-        TensorDictModule(torch.Tensor.bool, in_keys=["action_mask"], out_keys=["feasible"]),  # int8 -> bool
         TensorDictModule(Concat(ranks), in_keys=list(FEATURES), out_keys=["features"]),
         TensorDictModule(MLP(out_features=2, num_cells=[64, 64]), in_keys=["features"], out_keys=["action_value"]),
-        QValueModule(spec=env.action_spec, action_mask_key="feasible"))
+        QValueModule(spec=env.action_spec, action_mask_key="action_mask"))
     explore = TensorDictSequential(policy, EGreedyModule(env.action_spec, eps_init=0.5, eps_end=0.05,
-                                                         annealing_num_steps=frames, action_mask_key="feasible"))
+                                                         annealing_num_steps=frames, action_mask_key="action_mask"))
     loss = DQNLoss(policy, action_space=env.action_spec, delay_value=True)
     loss.make_value_estimator(gamma=1.0)  # only the terminal PSNR is rewarded
     target = SoftUpdate(loss, eps=0.99)
@@ -68,13 +66,9 @@ def main(env_id: str = "MorcaTiny-v0", frames: int = 2000, score: bool = True, *
     collector.shutdown()
     env.close()
 
-    def act(obs) -> int:  # the gymnasium observation (a dict of arrays) -> the greedy feasible action
-        td = TensorDict({k: torch.as_tensor(v) for k, v in obs.items()}, batch_size=[])
-        with torch.no_grad():
-            return int(policy(td)["action"])
     if not score:
-        return act
-    result = benchmark.evaluate(act, env_id, name="torchrl DQN")
+        return policy
+    result = benchmark.evaluate(policy, env_id, name="torchrl DQN")
     print(result.table())
     return result
 

@@ -24,8 +24,8 @@ from .speedup.files import check_calibration, resolve as resolve_calibration
 from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .diffusion.reference_videos import ReferenceCache
-from .observation import (SCALAR_NAMES, check_feature_dtype, ObservationBuilder, observation_space,  # noqa: F401
-                          parse_action)  # (SCALAR_NAMES re-exported)
+from .observation import (SCALAR_NAMES, ObservationBuilder, check_feature_dtype, check_mask_dtype,  # noqa: F401
+                          observation_space, parse_action)  # (SCALAR_NAMES re-exported)
 from .diffusion.signals import SIGNAL_KINDS, signal_input_for_step
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -130,7 +130,7 @@ class MorcaEnv(gym.Env):
     | `pooled`      | (3C, 4, 8, 8)  | P3 pools of x_t, x_{t+1} (previous step), x_{j_t} (last recompute) |
     | `temporal`    | (6C, 8, 8)     | P2 pools of the temporal means (3C) then variances (3C) of the same |
     | `scalars`     | (7,)           | d_t, D_t, t, l_t, u_t, K, cache-valid bit                      |
-    | `action_mask` | (2,) int8      | [recompute feasible, reuse feasible]                           |
+    | `action_mask` | (2,) int8      | [recompute feasible, reuse feasible] (`mask_dtype="bool"`: bool) |
 
     C is the latent's channel count (16 for Wan, 3 for the pixel-space testbeds). d_t is SeaCache's
     filtered step distance and D_t its sum since the last recompute (unbounded);
@@ -189,7 +189,9 @@ class MorcaEnv(gym.Env):
     `pooled` and `temporal` at zero and skips computing them, for rule schedulers and
     scalar-state policies: a cheaper env, so measure its own calibration), `feature_dtype`
     ("float32", the default, or "float16": the dtype of `pooled` and `temporal`, as the
-    project's datasets store them, so a dataset's observation space equals its recovered env's).
+    project's datasets store them, so a dataset's observation space equals its recovered env's), `mask_dtype`
+    ("int8", the default and gymnasium's convention, a MultiBinary space; or "bool", a boolean Box, which
+    torchrl's `ActionMask` and masked `QValueModule` take as they are).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -221,6 +223,7 @@ class MorcaEnv(gym.Env):
         budget_rounding: str = "dither",
         latent_features: bool = True,
         feature_dtype: str = "float32",
+        mask_dtype: str = "int8",
         render_mode: str | None = None,
     ):
         super().__init__()
@@ -234,6 +237,7 @@ class MorcaEnv(gym.Env):
         check_calibration(calibration)
         self.latent_features = bool(latent_features)
         self.feature_dtype = check_feature_dtype(feature_dtype)  # before the pipeline loads
+        self.mask_dtype = check_mask_dtype(mask_dtype)
         if budget_rounding not in BUDGET_ROUNDINGS:
             raise ValueError(f"budget_rounding={budget_rounding!r}; valid: {BUDGET_ROUNDINGS}")
         self.budget_rounding = budget_rounding
@@ -295,9 +299,9 @@ class MorcaEnv(gym.Env):
         self._fingerprint = self._pipeline_fingerprint()
         self._lpips = self._make_lpips(lpips)
         self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features,
-                                           feature_dtype=self.feature_dtype)
+                                           feature_dtype=self.feature_dtype, mask_dtype=self.mask_dtype)
 
-        self.observation_space = observation_space(self.denoiser.in_channels, self.feature_dtype)
+        self.observation_space = observation_space(self.denoiser.in_channels, self.feature_dtype, self.mask_dtype)
         self.action_space = spaces.Discrete(2)
         self._episode_active = False
         self._ended = False

@@ -51,6 +51,16 @@ TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
 
 
 FEATURE_DTYPES = ("float32", "float16")
+# int8 is gymnasium's mask convention (`Discrete.sample(mask=...)`, sb3-contrib); bool is torchrl's (`ActionMask`,
+# `QValueModule(action_mask_key=...)` refuse any other dtype) and tianshou's
+MASK_DTYPES = ("int8", "bool")
+
+
+def check_mask_dtype(mask_dtype) -> str:
+    """`mask_dtype` if valid, else an error naming the valid dtypes."""
+    if mask_dtype not in MASK_DTYPES:
+        raise ValueError(f"mask_dtype={mask_dtype!r}; valid: {', '.join(MASK_DTYPES)}")
+    return mask_dtype
 
 
 def check_feature_dtype(feature_dtype) -> str:
@@ -60,9 +70,11 @@ def check_feature_dtype(feature_dtype) -> str:
     return feature_dtype
 
 
-def observation_space(channels: int, feature_dtype: str = "float32") -> spaces.Dict:
-    """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal)."""
+def observation_space(channels: int, feature_dtype: str = "float32", mask_dtype: str = "int8") -> spaces.Dict:
+    """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal;
+    `mask_dtype`: of the action mask, a MultiBinary for int8, a boolean Box for bool)."""
     check_feature_dtype(feature_dtype)
+    check_mask_dtype(mask_dtype)
     shapes = feature_shapes(channels)
     high = np.full(NUM_SCALARS, 1.0, dtype=np.float32)
     high[[Scalar.d_t, Scalar.D_t]] = np.inf  # distances are unbounded
@@ -70,7 +82,7 @@ def observation_space(channels: int, feature_dtype: str = "float32") -> spaces.D
         "pooled": spaces.Box(-np.inf, np.inf, shapes["pooled"], np.dtype(feature_dtype)),
         "temporal": spaces.Box(-np.inf, np.inf, shapes["temporal"], np.dtype(feature_dtype)),
         "scalars": spaces.Box(np.zeros(NUM_SCALARS, np.float32), high, (NUM_SCALARS,), np.float32),
-        "action_mask": spaces.MultiBinary(2),
+        "action_mask": spaces.MultiBinary(2) if mask_dtype == "int8" else spaces.Box(0, 1, (2,), dtype=bool),
     })
 
 
@@ -146,10 +158,11 @@ class ObservationBuilder:
     visible share of a reused step (MorcaTiny: ~1.2 of ~7 ms)."""
 
     def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
-                 latent_features: bool = True, feature_dtype: str = "float32"):
+                 latent_features: bool = True, feature_dtype: str = "float32", mask_dtype: str = "int8"):
         self.spec = spec
         self.latent_features = bool(latent_features)
         self.feature_dtype = np.dtype(check_feature_dtype(feature_dtype))
+        self.mask_dtype = np.dtype(check_mask_dtype(mask_dtype))
         self.tracker = StepDistanceTracker(kind=signal_kind, power_exp=power_exp)
         self.reset(0)
 
@@ -196,7 +209,7 @@ class ObservationBuilder:
         scalars = np.array([distance, accumulated, (n - index) / n, since / n, self.used / n, self.budget / n,
                             float(cache_valid)], dtype=np.float32)
         self._current = current
-        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
+        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.astype(self.mask_dtype)}
 
     def project(self, action: int, step: int, cache_valid: bool) -> tuple[int, bool]:
         return self.spec.project(action, step, self.used, self.budget, cache_valid, self.enforce_budget)
@@ -218,10 +231,11 @@ class BatchObservationBuilder:
     batch's (every video of a run is at the same step, and step 0 recomputes them all)."""
 
     def __init__(self, spec: BudgetSpec, signal_kind: str = "official", power_exp: float = 3.0,
-                 latent_features: bool = True, feature_dtype: str = "float32"):
+                 latent_features: bool = True, feature_dtype: str = "float32", mask_dtype: str = "int8"):
         self.spec = spec
         self.latent_features = bool(latent_features)
         self.feature_dtype = np.dtype(check_feature_dtype(feature_dtype))
+        self.mask_dtype = np.dtype(check_mask_dtype(mask_dtype))
         self.tracker = BatchStepDistanceTracker(kind=signal_kind, power_exp=power_exp)
         self.reset([0])
 
@@ -261,7 +275,7 @@ class BatchObservationBuilder:
         scalars = np.stack([distance, accumulated, np.full(batch, (n - index) / n), since / n, self.used / n,
                             self.budget / n, np.full(batch, float(cache_valid))], axis=1).astype(np.float32)
         self._current = current
-        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.copy()}
+        return {"pooled": pooled, "temporal": temporal, "scalars": scalars, "action_mask": self.mask.astype(self.mask_dtype)}
 
     def project(self, actions, step: int, cache_valid: bool) -> tuple[np.ndarray, np.ndarray]:
         """(executed, projected) per sample: each requested action, or the feasible one in its place."""

@@ -123,7 +123,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(env.action_space, self.num_envs)
         self.num_steps, self.budget_spec = env.num_steps, env.budget_spec
         self.observer = BatchObservationBuilder(env.budget_spec, env.signal_kind, latent_features=env.latent_features,
-                                                feature_dtype=env.feature_dtype)
+                                                feature_dtype=env.feature_dtype, mask_dtype=env.mask_dtype)
         self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
         self._stock_latency_s: float | None = None
         self._starts: list = []

@@ -125,12 +125,14 @@ def _sb3(model) -> CallablePolicy:
 
 def _tensordict_module(module) -> CallablePolicy:
     """A torchrl / tensordict actor (a `TensorDictModuleBase`: reads the observation's keys, writes "action"), as
-    torchrl's own DQN and PPO recipes build them."""
+    torchrl's own DQN and PPO recipes build them. The mask reaches it as bool, torchrl's mask dtype, whatever the
+    scoring env's `mask_dtype` (an actor trained with `mask_dtype="bool"` is scored on the default env)."""
     import torch
     from tensordict import TensorDict
 
     def act(obs):
-        td = TensorDict({k: torch.as_tensor(np.asarray(v)) for k, v in obs.items()}, batch_size=[])
+        td = TensorDict({k: torch.as_tensor(np.asarray(v, dtype=bool) if k == "action_mask" else np.asarray(v))
+                         for k, v in obs.items()}, batch_size=[])
         with torch.no_grad():
             action = module(td).get("action")
         action = action.reshape(-1)

@@ -61,7 +61,28 @@ OBSERVATION_OPTIONS = pytest.mark.parametrize("obs_kwargs", [
     {"signal": "latent"},
     {"latent_features": False},
     {"feature_dtype": "float16"},
-], ids=["default", "latent-signal", "no-latent-features", "float16-features"])
+    {"mask_dtype": "bool"},
+], ids=["default", "latent-signal", "no-latent-features", "float16-features", "bool-mask"])
+
+
+def test_a_bool_mask_is_torchrls_dtype_in_the_space_and_every_observation(tmp_path):
+    kwargs = {**KWARGS, "mask_dtype": "bool", "reference_cache_dir": str(tmp_path)}
+    single = gym.make("MorcaTinyRandom-v0", **kwargs)
+    envs = gym.make_vec("MorcaTinyRandom-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                        pipeline=single.unwrapped.pipe, **kwargs)
+    assert single.observation_space["action_mask"].dtype == np.bool_
+    obs, _ = single.reset(seed=1)
+    for _ in range(8):  # one episode, then the batch's (envs sharing a pipeline never interleave)
+        assert obs["action_mask"].dtype == np.bool_ and obs in single.observation_space
+        obs, *_ = single.step(int(obs["action_mask"][1]))
+    batch, _ = envs.reset(seed=1)
+    for _ in range(8):
+        assert batch["action_mask"].dtype == np.bool_ and batch in envs.observation_space
+        batch, *_ = envs.step(batch["action_mask"][:, 1].astype(np.int64))
+    envs.close()
+    single.close()
+    with pytest.raises(ValueError, match="mask_dtype='uint8'; valid: int8, bool"):
+        gym.make("MorcaTinyRandom-v0", **{**kwargs, "mask_dtype": "uint8"})
 
 
 @OBSERVATION_OPTIONS

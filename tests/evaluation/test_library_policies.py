@@ -32,6 +32,41 @@ def test_a_torchrl_actor_is_scored_from_the_observation_keys(env):
     assert all(r["k"] == sum(r["schedule"]) > 0 for r in result.rows)
 
 
+def test_torchrl_masked_dqn_as_its_docs_build_it_needs_one_env_argument(env, tmp_path):
+    """torchrl's documented masked DQN (GymEnv, ActionMask, QValueModule with action_mask_key, EGreedyModule,
+    Collector, DQNLoss) trains on the paper's scalar state with one line of glue, `mask_dtype="bool"` (torchrl
+    refuses an int8 mask), and its policy object is scored as it is."""
+    pytest.importorskip("torchrl")
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.collectors import Collector
+    from torchrl.envs import ActionMask, GymEnv, TransformedEnv
+    from torchrl.modules import MLP, EGreedyModule, QValueModule
+    from torchrl.objectives import DQNLoss
+
+    torch.manual_seed(0)
+    kwargs = {**benchmark.training_kwargs(TEST_ENV), "reference_cache_dir": str(tmp_path / "refs")}
+    train_env = TransformedEnv(GymEnv(TEST_ENV, categorical_action_encoding=True, mask_dtype="bool",  # the glue
+                                      **kwargs), ActionMask())
+    assert train_env.observation_spec["action_mask"].dtype == torch.bool
+    policy = TensorDictSequential(
+        TensorDictModule(MLP(out_features=2, num_cells=[16]), in_keys=["scalars"], out_keys=["action_value"]),
+        QValueModule(spec=train_env.action_spec, action_mask_key="action_mask"))
+    explore = TensorDictSequential(policy, EGreedyModule(train_env.action_spec, eps_init=0.5,
+                                                         action_mask_key="action_mask"))
+    loss = DQNLoss(policy, action_space=train_env.action_spec)
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-3)
+    collector = Collector(train_env, explore, frames_per_batch=20, total_frames=40)
+    for batch in collector:
+        optim.zero_grad()
+        loss(batch.reshape(-1))["loss"].backward()
+        optim.step()
+    collector.shutdown()
+    train_env.close()
+    result = benchmark.evaluate(policy, TEST_ENV, env=env, targets=(2.0,), references=None, progress=False)
+    assert all(r["projected"] == 0 for r in result.rows)  # its masked Q values only picked feasible actions
+    assert result.rows and all(r["k"] == sum(r["schedule"]) for r in result.rows)
+
+
 def test_a_one_hot_torchrl_action_is_read_as_its_index(env):
     pytest.importorskip("tensordict")
     from tensordict.nn import TensorDictModule
