@@ -150,6 +150,8 @@ def dataset_card(recipe: CollectionRecipe, metas: list[dict], refs: tuple[float,
              ("reference scores (morca_env.evaluation.benchmark, same target): random feasible "
               f"{refs[0]:.2f}, best fixed {refs[1]:.2f} (minari.get_normalized_score: 0 and 1)") if refs else
              "reference scores: none (collected over a speedup range or settings without shipped references)",
+             "hosting: on no Minari remote (the `minari download` row of `minari show` does not apply): remake it "
+             "with `morca collect` and the recipe below (a packaged recipe by its dataset id)",
              "", f"recipe: {json.dumps(recipe.__dict__, sort_keys=True)}"]
     return "\n".join(lines)
 

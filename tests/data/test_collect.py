@@ -257,6 +257,7 @@ def test_a_dataset_at_one_target_carries_its_reference_scores_and_card(roots, mo
     ks = sorted(int(m["budget"]) for m in episode_options(ds))
     assert f"K histogram (K: episodes): {ks[0]}: " in card and '"name": "random"' in card and '"speedup": 3.0' in card
     assert f"PSNR: mean {np.mean([m['psnr'] for m in episode_options(ds)]):.2f} dB" in card
+    assert "on no Minari remote (the `minari download` row of `minari show` does not apply)" in card
     shown = subprocess.run([str(Path(sys.executable).with_name("minari")), "show", "test/tiny/refs-v0"], capture_output=True,
                            text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
     assert shown.returncode == 0 and "K histogram" in shown.stdout, shown.stdout[-2000:] + shown.stderr[-2000:]
