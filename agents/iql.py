@@ -139,9 +139,10 @@ class DiscreteIQLImpl(DiscreteQFunctionMixin, QLearningAlgoImplBase):
         values = self._targ_q_func_forwarder.compute_expected_q(observations, reduction="min")
         return values.gather(1, actions.long().reshape(-1, 1))
 
-    def value_loss(self, batch: TorchMiniBatch) -> torch.Tensor:
-        with torch.no_grad():
-            q_t = self.target_q(batch.observations, batch.actions)
+    def value_loss(self, batch: TorchMiniBatch, q_t: torch.Tensor | None = None) -> torch.Tensor:
+        if q_t is None:
+            with torch.no_grad():
+                q_t = self.target_q(batch.observations, batch.actions)
         diff = q_t - self._modules.value_func(batch.observations)
         weight = (self._config.expectile - (diff < 0.0).float()).abs()
         return (weight * diff.pow(2)).mean()
@@ -153,13 +154,15 @@ class DiscreteIQLImpl(DiscreteQFunctionMixin, QLearningAlgoImplBase):
             observations=batch.observations, actions=batch.actions.long(), rewards=batch.rewards,
             target=next_value, terminals=batch.terminals, gamma=self._config.gamma ** batch.intervals)
 
-    def actor_loss(self, batch: TorchMiniBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def actor_loss(self, batch: TorchMiniBatch,
+                   q_t: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Advantage-weighted log-likelihood over the non-forced transitions of the batch."""
         mask = action_mask_of(batch.observations)
         free = (mask.sum(dim=1) > 1.5).float() if self._config.exclude_forced else torch.ones_like(mask[:, 0])
         with torch.no_grad():
-            advantage = (self.target_q(batch.observations, batch.actions)
-                         - self._modules.value_func(batch.observations)).reshape(-1)
+            if q_t is None:
+                q_t = self.target_q(batch.observations, batch.actions)
+            advantage = (q_t - self._modules.value_func(batch.observations)).reshape(-1)
             count = free.sum().clamp(min=1.0)
             mean = (advantage * free).sum() / count
             std = (((advantage - mean) ** 2 * free).sum() / count).sqrt()
@@ -171,24 +174,27 @@ class DiscreteIQLImpl(DiscreteQFunctionMixin, QLearningAlgoImplBase):
         return loss, {"free_fraction": float(free.mean()), "mean_weight": float((weight * free).sum() / count)}
 
     # ---------------------------------------------------------------- updates
-    def update_critic(self, batch: TorchMiniBatch) -> dict[str, float]:
+    def update_critic(self, batch: TorchMiniBatch, q_t: torch.Tensor | None = None) -> dict[str, float]:
         self._modules.critic_optim.zero_grad()
-        q_loss, v_loss = self.q_loss(batch), self.value_loss(batch)
+        q_loss, v_loss = self.q_loss(batch), self.value_loss(batch, q_t)
         (q_loss + v_loss).backward()
         self._modules.critic_optim.step()
         return {"q_loss": float(q_loss.detach()), "v_loss": float(v_loss.detach())}
 
-    def update_actor(self, batch: TorchMiniBatch) -> dict[str, float]:
+    def update_actor(self, batch: TorchMiniBatch, q_t: torch.Tensor | None = None) -> dict[str, float]:
         self._modules.actor_optim.zero_grad()
-        loss, extra = self.actor_loss(batch)
+        loss, extra = self.actor_loss(batch, q_t)
         loss.backward()
         self._modules.actor_optim.step()
         return {"actor_loss": float(loss.detach()), **extra}
 
     def inner_update(self, batch: TorchMiniBatch, grad_step: int) -> dict[str, float]:
-        metrics = self.update_critic(batch)
+        # the target critics change only after both steps (soft_sync below): one forward serves both losses
+        with torch.no_grad():
+            q_t = self.target_q(batch.observations, batch.actions)
+        metrics = self.update_critic(batch, q_t)
         if not self.critic_only:
-            metrics.update(self.update_actor(batch))
+            metrics.update(self.update_actor(batch, q_t))
         soft_sync(self._modules.targ_q_funcs, self._modules.q_funcs, self._config.tau)
         return metrics
 

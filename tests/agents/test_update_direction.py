@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from d3rlpy.torch_utility import soft_sync
 from gymnasium import spaces
 
 from agents.iql import DiscreteIQLConfig
@@ -382,6 +383,29 @@ def test_iql_update_moves_targets_by_tau_and_critic_only_freezes_the_policy():
 
 
 # ------------------------------------------------------------------ the online round's wiring
+def test_one_target_forward_serves_both_losses_and_changes_no_number():
+    """`inner_update` computes the target critics' Q once for the value and the actor losses (the targets move only
+    after both steps): the same parameters as the two losses computing it each, and one target forward."""
+    import copy
+
+    impl, batch = iql_and_batch(tau=0.25)
+    impl.inner_update(batch, 0)  # the target critics now differ from the online ones
+    twin = copy.deepcopy(impl)
+    twin.update_critic(batch)  # each loss computes its own target Q
+    twin.update_actor(batch)
+    soft_sync(twin.modules.targ_q_funcs, twin.modules.q_funcs, 0.25)
+    calls = []
+    real = impl.target_q
+    impl.target_q = lambda *a: calls.append(1) or real(*a)
+    impl.inner_update(batch, 0)
+    assert len(calls) == 1
+    def parameters(impl):
+        return [p for m in ("policy", "q_funcs", "targ_q_funcs", "value_func")
+                for p in getattr(impl.modules, m).parameters()]
+
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(parameters(impl), parameters(twin)))
+
+
 def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_updates(tmp_path, monkeypatch):
     """Learning rates, beta, w_max and batch size reach IQL; each round collects, then trains the critics alone for
     warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates, capped) on offline + online
