@@ -34,7 +34,7 @@ def test_budget_zero_is_exactly_the_stock_pipeline(kind):
 def test_each_step_runs_one_patch_embedding_for_the_signal_and_both_branches():
     """The official signal's patch embedding is the one the step's cond and uncond calls use (the cache's memo):
     one convolution per step instead of three; a stock call without the hooks runs two."""
-    from tests.envs.test_cache import ConvCounter
+    from tests.diffusion.test_cache import ConvCounter
 
     pipe = make_pipe("wan21", with_text_encoder=False, with_vae=True)
     counter = ConvCounter(pipe.transformer.patch_embedding)

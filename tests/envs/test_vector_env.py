@@ -340,7 +340,7 @@ def test_sb3_adapter_gives_sb3s_episode_ends(tmp_path):
 
 
 def test_a_cleanrl_loop_runs_on_the_batched_env(tmp_path, monkeypatch):
-    import cleanrl_reinforce
+    from examples import cleanrl_reinforce
 
     made = []
     real = gym.make_vec
