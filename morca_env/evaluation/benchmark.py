@@ -1,6 +1,6 @@
 """The scoring protocol: one evaluation suite per env, scored at the same K, normalized against shipped references.
 
-    from morca_env import benchmark
+    from morca_env.evaluation import benchmark
     result = benchmark.evaluate(my_policy, "MorcaTiny-v0")   # any obs -> action callable, sb3 model, d3rlpy algo, ...
     print(result.table())                                    # per target: PSNR, SSIM, vs best fixed, normalized score
 
