@@ -129,6 +129,30 @@ class MorcaEncoder(nn.Module):
         return self.trunk(x[0], x[1], x[2])
 
 
+class SharedEncoder(nn.Module):
+    """One encoder read by several heads (twin Q and V): a call with the very inputs, parameters and grad mode of
+    the last call returns the last output, so the heads of one loss cost one encoder pass. A parameter update or a
+    new batch changes the key, and the encoder runs again."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+        self._last = None  # (inputs, their versions, grad mode, parameter versions), output
+
+    def _key(self, x) -> tuple:
+        parts = tuple(x) if isinstance(x, (list, tuple)) else (x,)
+        return (tuple(t._version for t in parts), torch.is_grad_enabled(),
+                tuple(p._version for p in self.encoder.parameters()))
+
+    def forward(self, x) -> torch.Tensor:
+        key = self._key(x)
+        if self._last is not None and self._last[0] is x and self._last[1] == key:
+            return self._last[2]
+        out = self.encoder(x)
+        self._last = (x, key, out)  # holds x, so its id is never another batch's
+        return out
+
+
 def channels_of(observation_shape) -> int:
     """Latent channels C from a tuple observation shape ((3C, 4, 8, 8), (6C, 8, 8), (7,), (2,)) or a flat one."""
     try:

@@ -81,10 +81,11 @@ class OnlineTrainer:
         iql = DiscreteIQLConfig(actor_learning_rate=config.actor_learning_rate,
                                 critic_learning_rate=config.critic_learning_rate, weight_temp=config.weight_temp,
                                 max_weight=config.max_weight, batch_size=config.batch_size)
-        if offline_algo is not None:  # keep the offline networks' encoders (ablation features included)
+        if offline_algo is not None:  # keep the offline networks' encoders (ablation features, sharing included)
             iql = dataclasses.replace(iql, actor_encoder_factory=offline_algo.config.actor_encoder_factory,
                                       critic_encoder_factory=offline_algo.config.critic_encoder_factory,
-                                      value_encoder_factory=offline_algo.config.value_encoder_factory)
+                                      value_encoder_factory=offline_algo.config.value_encoder_factory,
+                                      shared_critic_encoder=offline_algo.config.shared_critic_encoder)
         else:
             encoder = MorcaEncoderFactory(features=config.features)
             iql = dataclasses.replace(iql, actor_encoder_factory=encoder, critic_encoder_factory=encoder,

@@ -6,8 +6,9 @@ on the same transitions (MorcaTiny's observation sizes), measured in one run.
 Each algorithm is timed in alternating blocks (so a change in the machine's load falls on all of them), at its
 leaderboard config (d3rlpy's defaults: DiscreteCQL, DQN and DiscreteBC at batch 32; IQL at its own 256) and at
 one common batch of 256. IQL reads the tuple observation through `MorcaEncoder` (two conv branches and an MLP
-per network); the others read the flat observation through d3rlpy's default MLP encoder. The IQL row is split
-into its critic step (twin Q and V) and its actor step.
+per network: four networks as the paper trains them, or with `shared_critic_encoder` one encoder under the twin Q
+and V heads); the others read the flat observation through d3rlpy's default MLP encoder. The paper's IQL row is
+split into its critic step (twin Q and V) and its actor step.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def algorithms(batch: int | None):
 
     own = {} if batch is None else {"batch_size": batch}
     return {"IQL (MORCA)": (agents.DiscreteIQLConfig(**own), False),
+            "IQL (MORCA), shared critic encoder": (agents.DiscreteIQLConfig(shared_critic_encoder=True, **own), False),
             "DiscreteCQL": (d3rlpy.algos.DiscreteCQLConfig(**own), True),
             "DQN": (d3rlpy.algos.DQNConfig(**own), True),
             "DiscreteBC": (d3rlpy.algos.DiscreteBCConfig(**own), True)}
@@ -110,10 +112,10 @@ def main() -> None:
     print(f"threads={args.threads}, C={args.channels}, {args.updates} updates x 4 alternating blocks per algorithm")
     for label, batch in (("leaderboard configs", None), ("batch 256 for all", 256)):
         rows = time_updates(data, batch, args.updates)
-        iql = rows["IQL (MORCA)"][0]
-        print(f"\n{label}:\n| algorithm | batch | ms / update | IQL / this |\n|---|---|---|---|")
+        cql = rows["DiscreteCQL"][0]
+        print(f"\n{label}:\n| algorithm | batch | ms / update | this / DiscreteCQL |\n|---|---|---|---|")
         for name, (ms, size) in rows.items():
-            print(f"| {name} | {size} | {ms:.1f} | {iql / ms:.1f}x |")
+            print(f"| {name} | {size} | {ms:.1f} | {ms / cql:.1f}x |")
     critic, actor = iql_split(data, args.updates)
     print(f"\nIQL (MORCA), batch 256: critic step {critic:.1f} ms, actor step {actor:.1f} ms")
 

@@ -53,6 +53,9 @@ def parse_args(argv=None):
                         "which converge in far fewer updates (CPU budgets)")
     p.add_argument("--episodes", type=positive_int, help="train on the dataset's first N episodes (default: all)")
     p.add_argument("--features", default="p3,mean,var", help="latent features in the state (Table 3 ablation)")
+    p.add_argument("--shared-critic-encoder", action="store_true",
+                   help="the twin Q networks and V read one encoder (about half the update cost on a CPU; the "
+                        "paper trains four separate networks)")
     p.add_argument("--max-steps-per-epoch", type=positive_int, help="cap the updates per epoch (default: a full pass)")
     add_run_arguments(p, "runs/offline", resume="continue after the last finished epoch")
     return p.parse_args(argv)
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"--recipe anchored: {error}") from None
     config = OfflineConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size, beta=args.beta,
                            max_weight=args.w_max, expectile=args.expectile, features=args.features,
-                           max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
+                           max_steps_per_epoch=args.max_steps_per_epoch,
+                           shared_critic_encoder=args.shared_critic_encoder, device=args.device)
     trainer = OfflineTrainer(buffer, config, args.run_dir, anchor=anchor)
     record_run_arguments(args.run_dir, args)  # once the data loaded: a failing call keeps the old record
     if args.resume:

@@ -397,6 +397,8 @@ def test_offline_trainer_checkpoints_every_epoch_and_resumes_where_it_stopped(tm
     assert not (tmp_path / "checkpoints" / "0003.safetensors").exists()
     with pytest.raises(ValueError, match="epochs=0 must be a positive integer"):
         OfflineConfig(epochs=0)
+    assert not config.create().config.shared_critic_encoder  # the paper's four networks by default
+    assert OfflineConfig(shared_critic_encoder=True).create().config.shared_critic_encoder
 
 
 @pytest.mark.parametrize("config", ["DiscreteCQLConfig", "DiscreteBCConfig"])

@@ -85,6 +85,24 @@ def test_the_default_checkpoint_round_trips_bitwise(fitted, iql_checkpoint):
     assert [policy(row) for row in rows] == fitted.predict(obs).tolist()
 
 
+def test_a_shared_critic_encoder_round_trips_and_stays_shared(tmp_path):
+    """The loaded algorithm shares its critic encoder again (its config says so), with the same Q values, V
+    values and actions."""
+    algo = DiscreteIQLConfig(batch_size=16, shared_critic_encoder=True).create(device="cpu")
+    algo.fit(synthetic_buffer(), n_steps=3, n_steps_per_epoch=3, show_progress=False, save_interval=10**6,
+             logger_adapter=quiet())
+    loaded = load_learnable(save_learnable(algo, tmp_path / "shared.safetensors"))
+    assert loaded.config.shared_critic_encoder
+    modules = loaded.impl.modules
+    assert modules.q_funcs[0].encoder is modules.q_funcs[1].encoder is modules.value_func._encoder
+    obs = observations()
+    assert np.array_equal(loaded.predict(obs), algo.predict(obs))
+    with torch.no_grad():
+        tensors = [torch.as_tensor(o) for o in obs]
+        assert torch.equal(loaded.impl.q_values(tensors), algo.impl.q_values(tensors))
+        assert torch.equal(modules.value_func(tensors), algo.impl.modules.value_func(tensors))
+
+
 def test_nested_state_keeps_its_types(tmp_path):
     state = {"w": torch.arange(6, dtype=torch.float16).reshape(2, 3), "opt": {0: {"step": torch.tensor(3.0)}},
              "betas": (0.9, 0.999), "history": [{"psnr": 21.5}], "baseline": None, "arr": np.arange(3),

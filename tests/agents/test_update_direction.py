@@ -95,11 +95,12 @@ def scalar_iql(**kwargs):
                              value_encoder_factory=factory, **kwargs).create(device="cpu")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_iql_actor_moves_towards_the_action_with_the_higher_return(seed):
+@pytest.mark.parametrize("seed, shared", [(0, False), (1, False), (0, True), (1, True)])
+def test_iql_actor_moves_towards_the_action_with_the_higher_return(seed, shared):
     d3rlpy.seed(seed)
     buffer = toy_buffer()
-    algo = scalar_iql(batch_size=32, actor_learning_rate=3e-3, critic_learning_rate=1e-2, tau=0.2)
+    algo = scalar_iql(batch_size=32, actor_learning_rate=3e-3, critic_learning_rate=1e-2, tau=0.2,
+                      shared_critic_encoder=shared)
     algo.build_with_dataset(buffer)
     policy = algo.impl.policy
     before = prob_of_best(policy)
@@ -406,6 +407,35 @@ def test_one_target_forward_serves_both_losses_and_changes_no_number():
     assert all(torch.equal(mine, theirs) for mine, theirs in zip(parameters(impl), parameters(twin)))
 
 
+def test_a_shared_critic_encoder_runs_once_per_batch_and_never_serves_stale_features():
+    """With `shared_critic_encoder`, Q1, Q2 and V read one encoder (the targets another): a critic step encodes s
+    and s' once each, and after the update V's features are recomputed with the new weights."""
+    from agents.networks import SharedEncoder
+
+    impl, batch = iql_and_batch(tau=0.25, shared_critic_encoder=True)
+    online, target = impl.modules.q_funcs[0].encoder, impl.modules.targ_q_funcs[0].encoder
+    assert isinstance(online, SharedEncoder) and online is impl.modules.q_funcs[1].encoder
+    assert online is impl.modules.value_func._encoder and target is not online  # d3rlpy keeps it private
+    assert not set(map(id, online.parameters())) & set(map(id, target.parameters()))
+    calls = []
+    for shared in (online, target):
+        real = shared.encoder.forward
+        shared.encoder.forward = lambda x, real=real, shared=shared: calls.append(shared) or real(x)
+    impl.update_critic(batch)
+    assert calls.count(online) == 2 and calls.count(target) == 1  # s and s'; the targets' min over both heads
+    with torch.no_grad():
+        before = impl.modules.value_func(batch.observations)
+    impl.update_critic(batch)
+    with torch.no_grad():
+        after = impl.modules.value_func(batch.observations)
+        fresh = impl.modules.value_func._fc(online.encoder(batch.observations))
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
+    with torch.no_grad():  # the same batch and grad mode, new weights (an optimizer step works in place too)
+        next(online.parameters()).add_(0.5)
+        moved = impl.modules.value_func(batch.observations)
+    assert not torch.equal(moved, after)
+
+
 def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_updates(tmp_path, monkeypatch):
     """Learning rates, beta, w_max and batch size reach IQL; each round collects, then trains the critics alone for
     warmup_epochs and everything for joint_epochs (epochs of |buffer| / batch updates, capped) on offline + online
@@ -467,17 +497,19 @@ def test_online_trainer_wires_its_config_into_iql_and_runs_warmup_then_joint_upd
     assert [c[0] for c in calls] == ["buffer", "warmup", "joint"] and calls[1][4] == "round 3 warm-up"
 
 
-def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_path):
+@pytest.mark.parametrize("shared", [False, True])
+def test_online_trainer_starts_from_the_offline_networks_and_their_encoders(tmp_path, shared):
     from agents.online import OnlineConfig, OnlineTrainer
 
     d3rlpy.seed(0)
     buffer = toy_buffer(1)
-    offline = scalar_iql(batch_size=4)
+    offline = scalar_iql(batch_size=4, shared_critic_encoder=shared)
     offline.build_with_dataset(buffer)
     config = OnlineConfig(rounds=1, features="p3,mean,var", speedup_range=(1.5, 2.5))  # ignored: offline's
     trainer = OnlineTrainer(TwoStateEnv(), config, tmp_path / "o", offline_algo=offline, progress=False)
     for name in ("actor_encoder_factory", "critic_encoder_factory", "value_encoder_factory"):
         assert getattr(trainer.algo.config, name).features == ""
+    assert trainer.algo.config.shared_critic_encoder == shared
     assert np.allclose(prob_of_best(trainer.algo.impl.policy), prob_of_best(offline.impl.policy))
     assert trainer.rng.integers(10**9) == np.random.default_rng(config.seed).integers(10**9)  # seeded sampling
     x = [torch.as_tensor(toy_observation(0)[k], dtype=torch.float32)[None]
