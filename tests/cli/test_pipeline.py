@@ -178,6 +178,36 @@ def test_search_fit_and_evaluate_at_the_same_k(tmp_path):
     assert "searched - uniform at 1.8x" in (out / "table.md").read_text()
 
 
+def test_fit_fixed_weighs_candidates_moved_to_each_k_without_a_search(tmp_path, capsys):
+    """`--evaluations 0 --candidates`: the file's schedule, uniform spacing and every candidate (moved to the K)
+    are played on the validation prompts and the best is kept, with each one's score in the file."""
+    from morca_env.commands import fit_fixed
+
+    kwargs = json.dumps({"num_inference_steps": 10, "r_max": 200})
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps({"schedules": {"4": [0, 1, 1, 1, 1, 0, 0, 0, 0, 0]}}))  # a poor one to beat
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({"late": [0, 0, 0, 0, 0, 1, 0, 1, 1, 0], "early": [0, 1, 1, 0, 1, 0, 0, 0, 0, 0]}))
+    stdout = run_script(["-m", "morca_env.commands", "fit-fixed", "--env", "MorcaTinyRandom-v0", "--env-kwargs", kwargs,
+                         "--budgets", "4", "--evaluations", "0", "--candidates", str(named), "--out",
+                         str(tmp_path / "fit"), "--select-on", "tiny-train[5:7]", "--save", str(fixed)], tmp_path)
+    fit = json.loads(fixed.read_text())["fits"]["4"]
+    scores = {name: v for name, v in fit.items() if name.endswith("validation_psnr")}
+    assert set(scores) == {"validation_psnr", "uniform_validation_psnr", "named:late moved from K=3_validation_psnr",
+                           "named:early moved from K=3_validation_psnr"}
+    best = max(scores, key=scores.get)
+    assert fit["kept"] == {"validation_psnr": "fitted", "uniform_validation_psnr": "uniform"}.get(
+        best, best.removesuffix("_validation_psnr"))
+    assert "K=4: no search" in stdout and fit["evaluations"] == 0 and "--candidates named.json" in fit["source"]
+    assert sum(json.loads(fixed.read_text())["schedules"]["4"]) == 4
+    for argv, message in ((["--budgets", "4", "--evaluations", "0"], "pass --select-on"),
+                          (["--budgets", "4", "--candidates", str(fixed / "missing.json"), "--select-on", "tiny-train:1"],
+                           "--candidates: ")):
+        with pytest.raises(SystemExit):
+            fit_fixed.main(["--env", "MorcaTinyRandom-v0", *argv])
+        assert message in capsys.readouterr().err
+
+
 def test_schedule_plot_shows_every_method_with_its_own_k_and_table_rows_agree(tmp_path):
     from morca_env.evaluation import plots, tables
 
