@@ -41,7 +41,7 @@ $(CORE_VENV)/.installed: pyproject.toml
 	touch $(CORE_VENV)/.installed
 
 test-core: $(CORE_VENV)/.installed
-	MORCA_CORE_ONLY=1 $(CORE_PY) -m pytest -q -m "core and not slow" $(ARGS)
+	MORCA_CORE_ONLY=1 $(CORE_PY) -m pytest -q -m "core and not slow" tests $(ARGS)  # the studies need the full install
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
