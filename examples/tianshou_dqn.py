@@ -25,16 +25,16 @@ def main(env_id: str = "MorcaTiny-v0", steps: int = 2000, score: bool = True, **
     from tianshou.algorithm import DQN
     from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
     from tianshou.algorithm.optim import AdamOptimizerFactory
-    from tianshou.data import Batch, Collector, VectorReplayBuffer
+    from tianshou.data import Collector, VectorReplayBuffer
     from tianshou.env import DummyVectorEnv
     from tianshou.trainer import OffPolicyTrainerParams
     from tianshou.utils.net.common import Net
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    envs = DummyVectorEnv([lambda: FlatWithMask(benchmark.training_env(env_id, **env_kwargs))])
-    flatten = FlatWithMask(gym.make(env_id, **{**benchmark.suite_of(env_id).kwargs, **env_kwargs}))
-    net = Net(state_shape=flatten.observation_space["obs"].shape, action_shape=2, hidden_sizes=[64, 64])
+    train_env = FlatWithMask(benchmark.training_env(env_id, **env_kwargs))  # the one wrapper tianshou needs
+    envs = DummyVectorEnv([lambda: train_env])
+    net = Net(state_shape=train_env.observation_space["obs"].shape, action_shape=2, hidden_sizes=[64, 64])
     policy = DiscreteQLearningPolicy(model=net, action_space=gym.spaces.Discrete(2), eps_training=0.2)
     algorithm = DQN(policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=1.0, target_update_freq=50)
     collector = Collector(algorithm, envs, VectorReplayBuffer(10_000, 1), exploration_noise=True)
@@ -47,14 +47,9 @@ def main(env_id: str = "MorcaTiny-v0", steps: int = 2000, score: bool = True, **
     envs.close()
     policy.eval()
 
-    def act(obs) -> int:  # the env's dict observation -> tianshou's {obs, mask} -> the greedy feasible action
-        o = flatten.observation(obs)
-        with torch.no_grad():
-            return int(policy(Batch(obs=Batch(obs=o["obs"][None], mask=o["mask"][None].astype(bool)),
-                                    info=Batch())).act[0])
     if not score:
-        return act
-    result = benchmark.evaluate(act, env_id, name="tianshou DQN")
+        return policy
+    result = benchmark.evaluate(policy, env_id, name="tianshou DQN")
     print(result.table())
     return result
 
