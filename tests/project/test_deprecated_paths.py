@@ -57,3 +57,16 @@ def test_moved_names_of_a_kept_module_warn_and_resolve():
     assert SpeedupCalibration is calibration.SpeedupCalibration is morca_env.SpeedupCalibration
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         morca_env.budget.nothing  # noqa: B018
+
+
+def test_renamed_functions_answer_under_their_old_names_with_a_warning():
+    import morca_env.data as data
+    import morca_env.evaluation as evaluation
+
+    with pytest.warns(DeprecationWarning, match="evaluation.evaluate is now run_evaluation"):
+        assert evaluation.evaluate is evaluation.run_evaluation
+    with pytest.warns(DeprecationWarning, match="data.run_episode is now record_episode"):
+        assert data.run_episode is data.record_episode
+    for module in (data, evaluation):
+        with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+            module.nothing  # noqa: B018
