@@ -7,7 +7,7 @@ Each worker is a process with one torch thread. Both runs build a fresh dataset
 in a temporary Minari root, with references pre-generated so that only
 behaviour episodes are timed. One worker runs in the calling process; two are
 forked processes (spawned ones paid ~7 s of imports each: 1.56x at 120
-episodes, 0.65x at 16). Goal (issue): 2 workers >= 1.7x one worker; measured
+episodes, 0.65x at 16). Goal: 2 workers >= 1.7x one worker; measured
 1.77x at 120 episodes on the 2-core CI machine (2026-11-30).
 
 Ray: the runtime is started before the clock (its start-up is printed on its own,

@@ -18,7 +18,7 @@ of the latency columns, as in the paper's tables; the mean of per-episode ratios
 is printed too). Overhead = everything the env does
 besides transformer calls, the scheduler step and decoding (SeaCache signal,
 latent features, masks, bookkeeping), as a fraction of an average step.
-Goal (issue): mean |realised - target| <= 0.05 (the paper reaches 0.05 on Wan2.1).
+Goal: mean |realised - target| <= 0.05 (the paper reaches 0.05 on Wan2.1).
 """
 
 from __future__ import annotations

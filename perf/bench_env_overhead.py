@@ -19,7 +19,7 @@ read), interleaved so that machine noise hits all alike; every timing is the fas
   cost does not depend on them), as a share of a stock step and of the episode's average step;
 * the speedup ceiling (stock / latency at K_max), without and with each scheduler's cost.
 
-Goals (issue 16): env overhead <= 5% of an episode with latent features on; scheduler
+Goals: env overhead <= 5% of an episode with latent features on; scheduler
 <= 1.5% of a step.
 """
 
@@ -182,7 +182,7 @@ def main() -> None:
         line += (f"; with the {label} scheduler ({state}) "
                  f"{stock_s / (float(np.mean(latency[state, 'K_max'])) + steps * per_step):.2f}x")
     print(line)
-    print("\ngoals (issue 16):")
+    print("\ngoals:")
     for t in TARGETS:
         share = 100 * float(np.mean(overhead["features on", f"{t:g}x"]))
         print(f"  env overhead at {t:g}x, features on: {share:.2f}% (goal <= 5%): {'met' if share <= 5 else 'not met'}")

@@ -7,7 +7,7 @@ Inference = one policy forward (batch 1, masked logits, no grad), as the env
 calls it once per denoising step. Wan2.1 has C = 16 latent channels, so the
 observation is pooled (48, 4, 8, 8), temporal (96, 8, 8); MorcaTiny has C = 3.
 Training = `DiscreteIQL.update` on batches of 256 random transitions of the
-same shapes (critics + policy, the offline stage). Goal (issue): inference
+same shapes (critics + policy, the offline stage). Goal: inference
 <= 2 ms per step at Wan2.1's sizes.
 """
 
