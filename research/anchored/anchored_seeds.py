@@ -1,4 +1,4 @@
-"""The anchored recipe over training seeds, measured at the same K on held-out prompts with fresh seeds (issue 36).
+"""The anchored recipe over training seeds, measured at the same K on held-out prompts with fresh seeds.
 
     python research/anchored/anchored_seeds.py --out runs/anchored_seeds --seeds 0 1 2 3 4 --parallel 2
 
