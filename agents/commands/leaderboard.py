@@ -32,7 +32,11 @@ DATASETS = {"mixture": "morca/tiny/mixture-v0", "random": "morca/tiny/random-v0"
 RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-fixed",
          "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact",
          # trained once and shipped (agents/trained/README.md), so scored like a rule: one run, no training here
-         "MORCA anchored (shipped)": "morca"}
+         "MORCA anchored (shipped)": "morca",
+         # the floor: what a collapsed agent plays, so a reader can place a learned method's score
+         "always recompute (masked)": "always-recompute", "always reuse (masked)": "always-reuse",
+         "coin flip (masked)": "coin-flip"}
+SEEDED_RULES = ("random", "coin-flip")
 OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
 ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
 
@@ -42,7 +46,7 @@ def jobs(args) -> list[dict]:
     out = []
     if "rules" in args.only:
         for label, name in RULES.items():
-            for seed in (range(args.seeds) if name == "random" else [0]):
+            for seed in (range(args.seeds) if name in SEEDED_RULES else [0]):
                 out.append({"family": "rule", "method": label, "rule": name, "dataset": "-", "seed": seed})
     if "offline" in args.only:
         for dataset in args.datasets:
@@ -138,7 +142,7 @@ def run_job(job: dict, args) -> dict:
     env = benchmark.make_env(ENV_ID)
     t0 = time.perf_counter()
     if job["family"] == "rule":
-        policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] == "random" else {}))
+        policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] in SEEDED_RULES else {}))
         budget = "none (a fixed rule)"
     elif job["family"] == "offline":
         policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes), args.updates, job["seed"])

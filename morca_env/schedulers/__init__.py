@@ -10,11 +10,12 @@
 * `fixed`: the fixed schedules (uniform, given, best fixed, random, searched, jittered, replayed);
 * `rules/`: SeaCache and the caching rules of the literature, each in three forms;
 * `behaviour`, `mixture`: the datasets' behaviour policies;
+* `naive`: the floor of the scale (always recompute, always reuse, a coin flip), masked;
 * `anchored`: the best fixed schedule followed from any state, and the behaviour that collects data around it.
 Learned schedulers ("morca", "reinforce") are registered by the `agents` package.
 """
 
-from . import anchored, behaviour, fixed, mixture  # noqa: F401  (each registers its schedulers)
+from . import anchored, behaviour, fixed, mixture, naive  # noqa: F401  (each registers its schedulers)
 from .rules import seacache  # noqa: F401
 from .base import PrecomputedSchedule, Scheduler, feasible, needs_exact_budget
 from .registry import (Entry, checkpoint_paths, entry, from_spec, is_seeded, make, names, parse_method,

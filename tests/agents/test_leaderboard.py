@@ -58,6 +58,15 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert "morca leaderboard --only rules" in page.read_text()
 
 
+def test_the_floor_rules_are_on_the_board_and_the_seeded_ones_run_per_seed():
+    from types import SimpleNamespace
+
+    runs = leaderboard.jobs(SimpleNamespace(only=["rules"], seeds=3, datasets=["mixture"]))
+    seeds = {rule: sorted(j["seed"] for j in runs if j["rule"] == rule) for rule in leaderboard.RULES.values()}
+    assert seeds["coin-flip"] == seeds["random"] == [0, 1, 2]
+    assert seeds["always-recompute"] == seeds["always-reuse"] == seeds["uniform"] == [0]
+
+
 def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
     out = tmp_path / "lb"
     out.mkdir()

@@ -81,3 +81,16 @@ def test_threshold_map_recalibrated_drops_thresholds_that_collapse_to_one_speedu
     with pytest.raises(ValueError, match="fewer than 2 distinct speedups"):
         ThresholdMap([1.2, 1.5], [0.05, 0.1]).recalibrated(old, SpeedupCalibration(
             alpha=20.0, beta=20.0, max_budget=18, source="flat", points=[[0, 0.6], [18, 0.6]]))
+
+
+def test_the_naive_floor_policies_place_their_reuses_where_the_mask_pushes_them(env):
+    """always-recompute's reuses are the last free steps, always-reuse's the first; the coin flip is seeded. All
+    spend exactly K without an override (they ask for a feasible action)."""
+    spec = env.unwrapped.budget_spec
+    free = [i for i in range(spec.num_steps) if i not in spec.forced]
+    late = play(env, make("always-recompute"))["schedule"]
+    early = play(env, make("always-reuse"))["schedule"]
+    assert [i for i, a in enumerate(late) if a] == free[-8:]
+    assert [i for i, a in enumerate(early) if a] == free[:8]
+    flips = [play(env, make("coin-flip", seed=s))["schedule"] for s in (3, 3, 4)]
+    assert flips[0] == flips[1] != flips[2] and all(sum(f) == 8 for f in flips)

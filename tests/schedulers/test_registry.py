@@ -144,7 +144,8 @@ MAP = {"speedups": [1.0, 3.0], "thresholds": [0.01, 1.0]}  # a threshold map for
 UNDER_ACCELERATE = {"random": {"seed": 0}, "seacache": {"delta": 0.3}, "seacache-global": {"threshold_map": MAP},
                     "threshold-curve": {"threshold_map": MAP, "seed": 0}, "jittered-uniform": {"seed": 0},
                     "mixture": {"components": [{"name": "uniform"}, {"name": "random"}], "seed": 0},
-                    "seacache-exact": {}, "uniform": {}}
+                    "seacache-exact": {}, "uniform": {}, "always-recompute": {}, "always-reuse": {},
+                    "coin-flip": {"seed": 0}}
 
 
 def test_every_scheduler_is_in_a_contract_test():
