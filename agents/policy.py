@@ -200,14 +200,18 @@ def shipped_checkpoint(model: str = "tiny") -> str:
     return str(resources.files("agents").joinpath(SHIPPED[model]))
 
 
-@register("morca", learned=True, checkpoint_suffixes=(".safetensors", ".d3"))
-def load_morca(path=None, **options):
-    """The registry's "morca": the shipped MorcaTiny-v0 scheduler when no `path` is given; else a checkpoint, an
-    anchored one (`agents.anchored.AnchoredPolicy`, `margin=` overrides its own) or a plain one (`MorcaPolicy`), or
-    several plain ones, comma-separated (`MorcaEnsemble`); `trusted=True` admits legacy `.d3` pickles."""
+@register("morca", learned=True, needs_env=True, checkpoint_suffixes=(".safetensors", ".d3"))
+def load_morca(path=None, env=None, **options):
+    """The registry's "morca": without `path`, the scheduler shipped for `env`'s model (MorcaTiny-v0's without an
+    env; another model without one is refused by name, as its best fixed schedule and data differ); else a
+    checkpoint, an anchored one (`agents.anchored.AnchoredPolicy`, `margin=` overrides its own) or a plain one
+    (`MorcaPolicy`), or several plain ones, comma-separated (`MorcaEnsemble`); `trusted=True` admits legacy `.d3`
+    pickles."""
     from .anchored import anchor_of, load_anchored
 
-    paths = checkpoint_paths(shipped_checkpoint() if path is None else path)
+    if path is None:
+        path = shipped_checkpoint(env.unwrapped.preset.name if env is not None else "tiny")
+    paths = checkpoint_paths(path)
     anchored = [p for p in paths if anchor_of(p) is not None]
     if anchored:
         if len(paths) > 1:

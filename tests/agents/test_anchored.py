@@ -333,6 +333,10 @@ def test_the_shipped_scheduler_loads_without_a_path_and_drives_accelerate():
     verify(shipped_checkpoint())  # its sha256 sidecar ships with it
     policy = schedulers.make("morca")
     assert isinstance(policy, AnchoredPolicy) and policy.baseline.source
+    other = gym.make("MorcaTinyRandom-v0", lpips=False)  # another model: its best fixed schedule is not the baseline's
+    with pytest.raises(FileNotFoundError, match="no scheduler ships for model 'tiny-random' .*pass its checkpoint"):
+        schedulers.make("morca", other)
+    other.close()
     pipe = load_morca_tiny()
     result = morca_env.accelerate(pipe, policy, budget=30, prompt="a red circle moving left on a black background",
                                   height=16, width=16, num_frames=7, max_sequence_length=16, output_type="latent",
