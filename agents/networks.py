@@ -137,7 +137,7 @@ class SharedEncoder(nn.Module):
     def __init__(self, encoder: nn.Module):
         super().__init__()
         self.encoder = encoder
-        self._last = None  # (inputs, their versions, grad mode, parameter versions), output
+        self._last = None  # (inputs, their key, output) of the last call
 
     def _key(self, x) -> tuple:
         parts = tuple(x) if isinstance(x, (list, tuple)) else (x,)

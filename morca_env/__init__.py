@@ -24,9 +24,9 @@ register_envs()
 
 from .accelerate import AccelerateResult, accelerate  # noqa: E402
 from .budget import BudgetSpec  # noqa: E402
-from .speedup.calibration import SpeedupCalibration
 from .rollout import Trajectory, rollout  # noqa: E402
 from .schedulers import make as make_scheduler, names as scheduler_names  # noqa: E402
+from .speedup.calibration import SpeedupCalibration  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -1,20 +1,6 @@
-"""Offline trajectories: crash-safe collection into Minari datasets, and Minari -> d3rlpy conversion.
-
-Collection runs the env in budget-free mode (`enforce_budget=False`) with a
-behaviour policy (the paper's random threshold curves by default), then relabels
-every episode with its realised reuse count K, so that each recorded `K`, `u_t`
-and `action_mask` is consistent with the recorded actions (paper App. B.3).
-
-Crash safety: each finished episode is committed as its own file in a staging
-directory (atomic write), keyed by episode index; `resume=True` skips the
-indices already there. Only when all episodes exist is the Minari dataset built,
-in a hidden directory that is then renamed into place. A `kill -9` therefore
-loses at most the episodes in flight, and a finished dataset is replaced only
-with `overwrite=True`. Episode i always uses env seed `seed + i` and the same
-behaviour RNG, so the data do not depend on the number of workers, nor on where
-they run: this process, local worker processes or Ray actors (`morca_env.parallel.workers.map_on_envs`;
-`executor=RayExecutor(...)`), which send each finished episode back to be written here.
-"""
+"""Collecting a dataset: the behaviour policy plays the env budget-free, each episode is relabelled with its
+realised K and staged as it finishes, on this process, local workers or Ray actors (the package docstring says how
+a crash or a rerun is handled)."""
 
 from __future__ import annotations
 
@@ -30,11 +16,10 @@ import gymnasium as gym
 import numpy as np
 
 from ..budget import BudgetSpec
-from ..utils.io import atomic_write_text, exclusive_lock
 from ..observation import FEATURE_KEYS, Scalar
-from ..registration import register_envs
 from ..parallel.workers import WorkerDied, map_on_envs
-
+from ..registration import register_envs
+from ..utils.io import atomic_write_text, exclusive_lock
 from . import integrity
 from .build import build_minari_dataset, recover_leftovers
 from .recipe import CollectionRecipe, make_behavior, minari_root, staging_root

@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from .. import schedulers
 from ..utils.paths import cache_root
 
