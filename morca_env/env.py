@@ -25,7 +25,7 @@ from .models.presets import ModelPreset, get_preset
 from .prompts import PromptSuite, get_suite
 from .diffusion.reference_videos import ReferenceCache
 from .observation import (SCALAR_NAMES, ObservationBuilder, check_feature_dtype, check_mask_dtype,  # noqa: F401
-                          observation_space, parse_action)  # (SCALAR_NAMES re-exported)
+                          check_observation, observation_space, parse_action, present)  # (SCALAR_NAMES re-exported)
 from .diffusion.signals import SIGNAL_KINDS, signal_input_for_step
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -221,15 +221,25 @@ class MorcaEnv(gym.Env):
         calibration: SpeedupCalibration | str | None = None,
         enforce_budget: bool = True,
         budget_rounding: str = "dither",
-        latent_features: bool = True,
+        latent_features: bool | None = None,
         feature_dtype: str = "float32",
         mask_dtype: str = "int8",
+        observation: str = "full",
+        flat: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__()
-        for name, flag in (("latent_features", latent_features), ("lpips", lpips), ("enforce_budget", enforce_budget)):
+        self.observation = check_observation(observation)
+        if latent_features is None:
+            latent_features = observation == "full"
+        for name, flag in (("latent_features", latent_features), ("lpips", lpips), ("enforce_budget", enforce_budget),
+                           ("flat", flat)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name}={flag!r} must be True or False")
+        if latent_features and observation != "full":
+            raise ValueError(f"latent_features=True with observation={observation!r}, which has none; valid: "
+                             "observation='full' for latent features")
+        self.flat = bool(flat)
         if negative_prompt is not None and not isinstance(negative_prompt, str):
             raise TypeError(f"negative_prompt={negative_prompt!r} must be a string")
         if reference_cache_dir is not None and not isinstance(reference_cache_dir, (str, os.PathLike)):
@@ -301,7 +311,8 @@ class MorcaEnv(gym.Env):
         self.observer = ObservationBuilder(self.budget_spec, signal, latent_features=self.latent_features,
                                            feature_dtype=self.feature_dtype, mask_dtype=self.mask_dtype)
 
-        self.observation_space = observation_space(self.denoiser.in_channels, self.feature_dtype, self.mask_dtype)
+        self.observation_space = observation_space(self.denoiser.in_channels, self.feature_dtype, self.mask_dtype,
+                                                   self.observation, self.flat)
         self.action_space = spaces.Discrete(2)
         self._episode_active = False
         self._ended = False
@@ -510,7 +521,7 @@ class MorcaEnv(gym.Env):
             obs = self.observer.observe(i, den.latents, signal_input_for_step(self.signal_kind, den), den.sigma(i),
                                         den.cache_valid(i))
         self._overhead_s += time.perf_counter() - t0 - (den.elapsed_s - model_s)
-        return obs
+        return present(obs, self.observation, self.flat)
 
     @property
     def _mask(self) -> np.ndarray:

@@ -50,6 +50,36 @@ LAYOUT = f"tuple={','.join(OBS_KEYS)};flat={','.join(FLAT_KEYS)};scalars={','.jo
 TERMINAL_MASK = np.array([1, 0], dtype=np.int8)
 
 
+# Observation tracks, as benchmarks offer them (Atari's RAM or pixels): "full" is the paper's state z_t, "scalars"
+# the seven scalars and the mask alone (no latent features: cheaper, and any flat-input library reads it as is)
+OBSERVATIONS = ("full", "scalars")
+TRACK_KEYS = {"full": OBS_KEYS, "scalars": ("scalars", "action_mask")}
+SCALARS_FLAT_SIZE = 2 + NUM_SCALARS  # the scalars track flattened: [action_mask (2), scalars (7)]
+
+
+def check_observation(observation) -> str:
+    """`observation` if it names a track, else an error naming the valid ones."""
+    if observation not in OBSERVATIONS:
+        raise ValueError(f"observation={observation!r}; valid: {', '.join(map(repr, OBSERVATIONS))}")
+    return observation
+
+
+def track_of_flat_size(size: int) -> str:
+    """The track a flat observation of length `size` belongs to ("scalars": 9 values; else "full", whose length
+    `channels_of_flat` checks)."""
+    return "scalars" if int(size) == SCALARS_FLAT_SIZE else "full"
+
+
+def present(obs: dict, observation: str = "full", flat: bool = False, batched: bool = False):
+    """The full observation (or a batch of them, `batched`) in a track's form: its keys, and with `flat` one
+    float32 vector per observation in gymnasium's sorted-key order (`spaces.flatten` of the track's Dict space)."""
+    if observation != "full":
+        obs = {k: obs[k] for k in TRACK_KEYS[observation]}
+    if not flat:
+        return obs
+    return as_flat(obs) if batched else as_flat({k: np.asarray(v)[None] for k, v in obs.items()})[0]
+
+
 FEATURE_DTYPES = ("float32", "float16")
 # int8 is gymnasium's mask convention (`Discrete.sample(mask=...)`, sb3-contrib); bool is torchrl's (`ActionMask`,
 # `QValueModule(action_mask_key=...)` refuse any other dtype) and tianshou's
@@ -70,11 +100,25 @@ def check_feature_dtype(feature_dtype) -> str:
     return feature_dtype
 
 
-def observation_space(channels: int, feature_dtype: str = "float32", mask_dtype: str = "int8") -> spaces.Dict:
+def observation_space(channels: int, feature_dtype: str = "float32", mask_dtype: str = "int8",
+                      observation: str = "full", flat: bool = False) -> spaces.Space:
     """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal;
-    `mask_dtype`: of the action mask, a MultiBinary for int8, a boolean Box for bool)."""
+    `mask_dtype`: of the action mask, a MultiBinary for int8, a boolean Box for bool) on a track (`observation`);
+    `flat`: one float32 Box in gymnasium's sorted-key order, the mask first."""
     check_feature_dtype(feature_dtype)
     check_mask_dtype(mask_dtype)
+    check_observation(observation)
+    full = _full_space(channels, feature_dtype, mask_dtype)
+    space = spaces.Dict({k: full[k] for k in TRACK_KEYS[observation]})
+    if not flat:
+        return space
+    parts = [spaces.flatten_space(space[k]) for k in sorted(space.spaces)]
+    low = np.concatenate([np.asarray(b.low, np.float32) for b in parts])
+    high = np.concatenate([np.asarray(b.high, np.float32) for b in parts])
+    return spaces.Box(low, high, low.shape, np.float32)
+
+
+def _full_space(channels: int, feature_dtype: str, mask_dtype: str) -> spaces.Dict:
     shapes = feature_shapes(channels)
     high = np.full(NUM_SCALARS, 1.0, dtype=np.float32)
     high[[Scalar.d_t, Scalar.D_t]] = np.inf  # distances are unbounded
@@ -92,9 +136,10 @@ def as_tuple(obs: dict) -> list[np.ndarray]:
 
 
 def as_flat(obs: dict) -> np.ndarray:
-    """Stacked (T, ...) dict observation -> (T, D) float32 in `FLAT_KEYS` order: row t equals
-    `gymnasium.spaces.flatten(env.observation_space, obs_t)`."""
-    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(len(obs[k]), -1) for k in FLAT_KEYS], axis=1)
+    """Stacked (T, ...) dict observation -> (T, D) float32 in sorted-key order (`FLAT_KEYS` for the full track):
+    row t equals `gymnasium.spaces.flatten(env.observation_space, obs_t)`, whichever track's keys it holds."""
+    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(len(obs[k]), -1) for k in sorted(obs)],
+                          axis=1)
 
 
 def _part_shapes(channels: int) -> dict[str, tuple[int, ...]]:

@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 from .diffusion.denoiser import check_batch_memory
 from .env import MorcaEnv, episode_info
 from .diffusion.metrics import to_uint8
-from .observation import BatchObservationBuilder
+from .observation import BatchObservationBuilder, present
 from .diffusion.reference_videos import reference_key
 from .diffusion.signals import signal_input_for_step
 
@@ -244,7 +244,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
             obs = self.observer.observe(i, den.latents, signal_input_for_step(self.env.signal_kind, den), den.sigma(i),
                                         den.cache_valid(i))
         self._overhead_s += time.perf_counter() - t0 - (den.elapsed_s - model_s)
-        return obs
+        return present(obs, self.env.observation, self.env.flat, batched=True)
 
     def action_masks(self) -> np.ndarray:
         """The current feasible-action masks, (N, 2) booleans (sb3-contrib's MaskablePPO convention)."""
@@ -295,7 +295,7 @@ class MorcaVectorEnv(gym.vector.VectorEnv):
                                                          bool(projected[n]), finals[n]), n)
         terminated = np.full(self.num_envs, ended)
         if ended and self.autoreset_mode == "same_step":
-            final_obs = [{k: v[n] for k, v in obs.items()} for n in range(self.num_envs)]
+            final_obs = [obs[n] if self.env.flat else {k: v[n] for k, v in obs.items()} for n in range(self.num_envs)]
             final_infos = [sub_env_info(infos, n) for n in range(self.num_envs)]  # plain values, as MorcaEnv's
             obs, infos = self._start([self.env.plan_episode(rng, None) for rng in self._rngs])
             for n in range(self.num_envs):

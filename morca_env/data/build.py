@@ -15,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from ..observation import as_flat
 from ..utils.io import atomic_write_text
 from ..registration import register_envs
 
@@ -67,11 +68,18 @@ def build_minari_dataset(recipe: CollectionRecipe, staging: Path, overwrite: boo
                                   {"reference_cache_dir": recipe.env_kwargs["reference_cache_dir"]}))
     observation_space, action_space = probe.observation_space, probe.action_space  # the dataset's dtypes
     r_max = probe.unwrapped.r_max
+    num_steps = probe.unwrapped.num_steps
     probe.close()
 
+    flat = bool(env_spec.kwargs.get("flat", False))
+    if flat:  # flat-input loaders wrap the recovered env in TimeLimit(spec.max_episode_steps), which must be set;
+        # N + 1 never binds (the env terminates itself after its N steps, never truncated)
+        env_spec = eval_spec = replace(env_spec, max_episode_steps=num_steps + 1)
     buffers = []
     for index in range(recipe.num_episodes):
         ep = read_episode(episode_path(staging, index))
+        if flat:  # gymnasium's flatten of each Dict observation, as the flat env gives them
+            ep["observations"] = as_flat(ep["observations"])
         n = len(ep["actions"])
         terminations = np.zeros(n, dtype=bool)
         terminations[-1] = True

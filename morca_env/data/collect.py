@@ -60,7 +60,8 @@ def episode_record(trajectory, spec: BudgetSpec, recipe: CollectionRecipe) -> di
     observations = relabel(trajectory.observations, actions, spec)
     dtype = np.float16 if recipe.feature_dtype == "float16" else np.float32
     for key in FEATURE_KEYS:
-        observations[key] = observations[key].astype(dtype)
+        if key in observations:  # the scalars track has no features
+            observations[key] = observations[key].astype(dtype)
     meta = {"prompt": info["prompt"], "seed": info["seed"], "budget": int(actions.sum()),
             "target_speedup": info.get("target_speedup") or 0.0, "psnr": float(min(info["psnr"], 1e3)),
             "ssim": float(info["ssim"]), "speedup": float(info["speedup"]),
@@ -98,7 +99,9 @@ def _run_workers(recipe: CollectionRecipe, staging: Path, todo: list[int], worke
 
     from ..parallel.executors import WorkerFailed
 
-    kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False}
+    # Dict observations while collecting (relabelling reads the scalars and rewrites the mask); a flat recipe's
+    # episodes are flattened when the dataset is built
+    kwargs = {**recipe.env_kwargs, **env_overrides, "enforce_budget": False, "flat": False}
     if num_envs == 1:
         play, jobs = functools.partial(collected_episode, recipe.__dict__), todo
     else:

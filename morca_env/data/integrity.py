@@ -25,7 +25,8 @@ class DatasetIntegrityError(ValueError):
 def episode_digest(episode) -> str:
     """sha256 of one `minari.EpisodeData`: every array's dtype, shape and bytes, in a fixed order."""
     digest = hashlib.sha256()
-    arrays = [(f"obs/{k}", episode.observations[k]) for k in sorted(episode.observations)]
+    obs = episode.observations
+    arrays = ([(f"obs/{k}", obs[k]) for k in sorted(obs)] if isinstance(obs, dict) else [("obs", obs)])  # or flat
     arrays += [("actions", episode.actions), ("rewards", episode.rewards), ("terminations", episode.terminations),
                ("truncations", episode.truncations)]
     for name, value in arrays:

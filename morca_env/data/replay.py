@@ -64,8 +64,9 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     pooled, scalars, temporal] (`observation.FLAT_KEYS`; row t equals
     `gymnasium.spaces.flatten(env.observation_space, obs_t)`, so `FlattenObservation`
     feeds a policy trained on it), which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
-    arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. `n_step > 1` samples
-    n-step returns (`transition_picker`).
+    arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. A scalars-track dataset flattens to
+    [action_mask, scalars] (9 values) and has no tuple form; a flat dataset is taken as it is stored.
+    `n_step > 1` samples n-step returns (`transition_picker`).
     """
     quiet_d3rlpy("to_replay_buffer (a d3rlpy ReplayBuffer)")
     from d3rlpy.constants import ActionSpace
@@ -97,13 +98,20 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     episodes = []
     for ep in (e for i, d in enumerate(datasets)
                for e in integrity.iterate_checked(d, episode_indices if i == 0 else None)):
-        obs = {k: np.asarray(v) for k, v in ep.observations.items()}
+        stored_flat = not isinstance(ep.observations, dict)
+        obs = {"flat": np.asarray(ep.observations)} if stored_flat else {k: np.asarray(v)
+                                                                         for k, v in ep.observations.items()}
         n = len(ep.actions)
         if any(len(v) != n + 1 for v in obs.values()):
             raise ValueError(f"episode {ep.id}: expected {n + 1} observations for {n} actions")
         if not ep.terminations[-1]:
             raise ValueError(f"episode {ep.id} does not end in a terminal step")
-        converted = convert({k: v[:n] for k, v in obs.items()})
+        if observation == "tuple" and (stored_flat or "pooled" not in obs):
+            raise ValueError(f"observation='tuple' needs the full track's Dict observations; "
+                             f"episode {ep.id} holds {'flat vectors' if stored_flat else 'the scalars track'}: "
+                             "use observation='flat'")
+        converted = (obs["flat"][:n].astype(np.float32) if stored_flat else
+                     convert({k: v[:n] for k, v in obs.items()}))
         episodes.append(Episode(observations=converted, actions=np.asarray(ep.actions, dtype=np.int64).reshape(n, 1),
                                 rewards=np.asarray(ep.rewards, dtype=np.float32).reshape(n, 1), terminated=True))
     return ReplayBuffer(InfiniteBuffer(), episodes=episodes, action_space=ActionSpace.DISCRETE, action_size=2,

@@ -11,6 +11,11 @@ is 100 x (PSNR - random feasible) / (best fixed - random feasible), both referen
 measured on the same episodes: 0 is a random schedule with K reuses, 100 the best fixed
 schedule, the bar a learned scheduler must clear. The references ship as package data
 (`benchmark_references.json`); `morca benchmark-references MorcaTiny-v0` remakes them.
+
+Two observation tracks are scored apart (`observation=`): "full", the paper's state with latent features, and
+"scalars", its seven scalars and the mask. A policy whose library records its input (an sb3 model's observation
+space, a d3rlpy algorithm's observation shape) is scored on its own track; any other plays "full" unless told.
+The episodes, K and references are the same on both tracks: only what the policy sees differs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from scipy import stats
 
 from .. import schedulers
 from ..utils.io import atomic_write_text
-from ..observation import FLAT_MASK, as_flat, as_tuple, is_flat_shape, parse_action
+from ..observation import (FLAT_MASK, TRACK_KEYS, as_flat, as_tuple, check_observation, is_flat_shape, parse_action,
+                           track_of_flat_size)
 from ..prompts import get_suite
 
 REFERENCES_FILE = "benchmark_references.json"
@@ -117,7 +123,8 @@ def _sb3(model) -> CallablePolicy:
         x = as_flat({k: np.asarray(v)[None] for k, v in obs.items()})[0] if flat else obs
         if flat and x.shape != space.shape:
             raise ValueError(f"{type(model).__name__} was trained on flat observations of shape {space.shape} and "
-                             f"this env's flattened observation has {x.shape}: train it on this env")
+                             f"this env's flattened observation has {x.shape}: score it on the track it was trained "
+                             f"on (observation={track_of_flat_size(space.shape[0])!r}) and the same model")
         action, _ = model.predict(x, deterministic=True, **kwargs)
         return action
     return CallablePolicy(act, type(model).__name__)
@@ -184,6 +191,21 @@ def _tianshou(policy) -> CallablePolicy:
     return CallablePolicy(act, type(policy).__name__)
 
 
+def policy_track(agent) -> str | None:
+    """The observation track `agent` was trained on, where its library records its input: an sb3 model's
+    observation space (a Dict's keys, or a flat Box's length), a d3rlpy algorithm's observation shape; else None."""
+    if hasattr(agent, "predict") and hasattr(agent, "policy") and hasattr(agent, "observation_space"):
+        space = agent.observation_space
+        if isinstance(space, gym.spaces.Dict):
+            return next((t for t, keys in TRACK_KEYS.items() if set(keys) == set(space.spaces)), None)
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+            return track_of_flat_size(space.shape[0])
+    if hasattr(agent, "predict") and getattr(agent, "impl", None) is not None:
+        shape = agent.impl.observation_shape
+        return track_of_flat_size(shape[0]) if is_flat_shape(shape) else "full"
+    return None
+
+
 def _from_library(agent, package: str) -> bool:
     return any(c.__module__.split(".")[0] == package for c in type(agent).__mro__)
 
@@ -237,6 +259,7 @@ class BenchmarkResult:
     method: str
     rows: list[dict]
     scores: dict[float, TargetScore] = field(default_factory=dict)
+    observation: str = "full"  # the track the policy saw
 
     @property
     def mean_normalized(self) -> float | None:
@@ -246,7 +269,7 @@ class BenchmarkResult:
     def table(self) -> str:
         """The per-target scores as a Markdown table. "overridden" counts the actions per episode the env replaced
         to keep the budget feasible: a policy that ignores the mask is scored on the env's choices, not its own."""
-        lines = [f"{self.method} on {self.env_id} ({self.suite})", "",
+        lines = [f"{self.method} on {self.env_id} ({self.suite}, {self.observation} observation track)", "",
                  "| target | K | PSNR | SSIM | vs best fixed (dB, 95% CI) | normalized | overridden / episode |",
                  "|---|---|---|---|---|---|---|"]
         for s in self.scores.values():
@@ -376,13 +399,16 @@ def play(policy, env, suite: Suite, targets=None, progress: bool = True, referen
 
 
 def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, references: dict | str | None = "packaged",
-             progress: bool = True, name: str | None = None, pair_step: int = 1) -> BenchmarkResult:
+             progress: bool = True, name: str | None = None, pair_step: int = 1,
+             observation: str | None = None) -> BenchmarkResult:
     """Score `policy` (anything `as_policy` takes) on `env_id`'s suite; see the module docstring.
 
     `env`: an already built env for the suite (`make_env(env_id)`), to share one across methods. `targets`: a
     subset of the suite's. `references`: "packaged" (the shipped ones; scores without them if this env has none),
     a dict from `measure_references`, a path to such a JSON file, or None (PSNR and SSIM only). `pair_step`: score
-    on every n-th pair only (a cheaper estimate, still paired with the references; report it).
+    on every n-th pair only (a cheaper estimate, still paired with the references; report it). `observation`: the
+    track, "full" or "scalars" (default: the policy's own where its library records it, else "full"; an `env`
+    given must be on it).
     """
     suite = suite_of(env_id)
     if targets is not None:
@@ -390,16 +416,32 @@ def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, re
         if unknown:
             raise ValueError(f"targets {unknown} are not in the {env_id} suite's {list(suite.targets)}")
     refs = load_references(env_id, references)
+    recorded = policy_track(policy)
+    track = check_observation(observation or recorded or "full")
+    if recorded is not None and track != recorded:
+        raise ValueError(f"observation={track!r}, but the policy was trained on the {recorded!r} track: score it there")
     scheduler = as_policy(policy)
     own_env = env is None
-    env = make_env(env_id, suite) if own_env else env
+    if not own_env:
+        from ..vector import single_env
+
+        env_track = getattr(single_env(env), "observation", "full")
+        if observation is None and recorded is None:
+            track = env_track
+        elif env_track != track:
+            raise ValueError(f"the env given is on the {env_track!r} track and the policy is scored on {track!r}: "
+                             f"make it with make_env({env_id!r}, observation={track!r})")
+        if getattr(single_env(env), "flat", False):
+            raise ValueError("the benchmark's env gives Dict observations (each policy adapter flattens its own); "
+                             "make it with make_env(...) without flat=True")
+    env = make_env(env_id, suite, observation=track) if own_env else env
     try:
         rows = play(scheduler, env, suite, targets, progress, refs, pair_step)
     finally:
         if own_env:
             env.close()
     label = name or getattr(scheduler, "name", None) or type(scheduler).__name__
-    return BenchmarkResult(env_id, suite.prompts, label, rows, score(rows, refs))
+    return BenchmarkResult(env_id, suite.prompts, label, rows, score(rows, refs), track)
 
 
 # ---- references -------------------------------------------------------------------------------------------------

@@ -101,3 +101,56 @@ def test_the_documented_flat_order_is_the_one_used():
 
     documented = re.search(r"\[(action_mask|pooled)[^\]]*\]", " ".join(to_replay_buffer.__doc__.split())).group(0)
     assert [k.strip() for k in documented.strip("[]").split(",")] == list(FLAT_KEYS)
+
+
+def test_a_scalars_track_dataset_flattens_to_the_mask_and_scalars_and_has_no_tuple_form(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    ds = collect_dataset("test/tiny/scalars-v0", "MorcaTinyRandom-v0", 2, env_kwargs={**ENV_KWARGS,
+                         "observation": "scalars"}, behavior={"name": "threshold-curve"}, progress=False)
+    ep = next(iter(ds.iterate_episodes()))
+    assert set(ep.observations) == {"scalars", "action_mask"}
+    assert set(ds.recover_environment().observation_space.spaces) == {"scalars", "action_mask"}
+    buffer = to_replay_buffer(ds)
+    first = buffer.episodes[0].observations
+    assert first.shape == (10, 9)
+    np.testing.assert_array_equal(first, np.concatenate([ep.observations["action_mask"][:10],
+                                                         ep.observations["scalars"][:10]], axis=1))
+    with pytest.raises(ValueError, match="observation='tuple' needs the full track"):
+        to_replay_buffer(ds, observation="tuple")
+
+
+def test_d3rlpys_own_get_minari_loads_a_flat_dataset_but_misaligns_later_episodes_and_to_replay_buffer_does_not(
+        tmp_path, monkeypatch):
+    """d3rlpy's documented path, `datasets.get_minari(id)`, loads a flat dataset with no glue (its recovered env is
+    the flat env), but d3rlpy 2.8.1 concatenates Minari's N + 1 observations per episode against N actions, so
+    episode i starts i rows late: the docs send d3rlpy users to `to_replay_buffer(id)` (one line), aligned. An
+    algorithm trained on either is scored on its own track (scalars), read from its observation shape."""
+    import minari
+
+    from morca_env.evaluation import benchmark
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {**ENV_KWARGS, "observation": "scalars", "flat": True}
+    collect_dataset("test/tiny/scalars-flat-v0", "MorcaTinyRandom-v0", 3, env_kwargs=kwargs,
+                    behavior={"name": "threshold-curve"}, progress=False)
+    dict_form = collect_dataset("test/tiny/scalars-dict-v0", "MorcaTinyRandom-v0", 3, env_kwargs={
+        **ENV_KWARGS, "observation": "scalars"}, behavior={"name": "threshold-curve"}, progress=False)
+    stored = [ep.observations for ep in minari.load_dataset("test/tiny/scalars-flat-v0").iterate_episodes()]
+    dataset, env = d3rlpy.datasets.get_minari("test/tiny/scalars-flat-v0")
+    assert env.observation_space.shape == (9,) and len(dataset.episodes) == 3
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    env.close()
+    np.testing.assert_array_equal(dataset.episodes[0].observations, stored[0][:-1])
+    np.testing.assert_array_equal(dataset.episodes[1].observations[0], stored[0][-1])  # d3rlpy's shift
+    buffer = to_replay_buffer("test/tiny/scalars-flat-v0")
+    for episode, rows in zip(buffer.episodes, stored):
+        np.testing.assert_array_equal(episode.observations, rows[:-1])  # aligned with the recorded actions
+    np.testing.assert_array_equal(buffer.episodes[2].observations,  # the same episodes as the Dict form's
+                                  to_replay_buffer(dict_form).episodes[2].observations)
+    algo = d3rlpy.algos.DiscreteCQLConfig(batch_size=8).create(device="cpu")
+    algo.fit(buffer, n_steps=4, n_steps_per_epoch=4, show_progress=False, logger_adapter=NOOP)
+    result = benchmark.evaluate(algo, "MorcaTinyRandom-v0", targets=(2.0,), references=None, progress=False)
+    assert result.observation == "scalars" and len(result.rows) == 4

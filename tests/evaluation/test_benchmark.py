@@ -184,3 +184,37 @@ def test_an_sb3_model_trained_on_flatten_observation_is_scored_with_the_env_flat
     assert np.array_equal(gym.spaces.flatten(env.observation_space, obs),
                           benchmark.as_flat({k: v[None] for k, v in obs.items()})[0])  # FlattenObservation's order
 
+
+
+def test_the_scalars_track_plays_the_same_episodes_and_references_as_the_full_track(setup, tmp_path):
+    """A policy of the scalars alone scores the same on both tracks (only what it sees differs, not the episodes
+    or K), and the result says which track it played."""
+    env, refs = setup
+
+    def reuse_late(obs):  # reads only the scalars track's keys
+        return int(obs["action_mask"][1] and obs["scalars"][2] < 0.5)
+
+    seen = []
+    full = benchmark.evaluate(reuse_late, TEST_ENV, env=env, references=refs, progress=False)
+    scalars = benchmark.evaluate(lambda obs: (seen.append(set(obs)), reuse_late(obs))[1], TEST_ENV, references=refs,
+                                 progress=False, observation="scalars")
+    assert seen and all(keys == {"scalars", "action_mask"} for keys in seen)
+    assert (full.observation, scalars.observation) == ("full", "scalars")
+    assert "scalars observation track" in scalars.table()
+    assert [r["psnr"] for r in scalars.rows] == [r["psnr"] for r in full.rows]
+    assert [r["k"] for r in scalars.rows] == [r["k"] for r in full.rows]
+    with pytest.raises(ValueError, match="the env given is on the 'full' track"):
+        benchmark.evaluate(reuse_late, TEST_ENV, env=env, references=refs, progress=False, observation="scalars")
+    with pytest.raises(ValueError, match="observation='tiny'; valid: 'full', 'scalars'"):
+        benchmark.evaluate(reuse_late, TEST_ENV, references=refs, progress=False, observation="tiny")
+
+
+def test_an_sb3_model_trained_on_the_flat_scalars_track_is_scored_on_it_with_no_argument(setup):
+    sb3 = pytest.importorskip("stable_baselines3")
+    model = sb3.DQN("MlpPolicy", benchmark.training_env(TEST_ENV, observation="scalars", flat=True),
+                    learning_starts=0, buffer_size=100, seed=0, device="cpu")
+    assert benchmark.policy_track(model) == "scalars"
+    result = benchmark.evaluate(model, TEST_ENV, targets=(2.0,), references=None, progress=False)
+    assert result.observation == "scalars" and len(result.rows) == 4
+    with pytest.raises(ValueError, match="trained on the 'scalars' track"):
+        benchmark.evaluate(model, TEST_ENV, targets=(2.0,), references=None, progress=False, observation="full")
