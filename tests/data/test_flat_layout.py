@@ -118,6 +118,12 @@ def test_a_scalars_track_dataset_flattens_to_the_mask_and_scalars_and_has_no_tup
                                                          ep.observations["scalars"][:10]], axis=1))
     with pytest.raises(ValueError, match="observation='tuple' needs the full track"):
         to_replay_buffer(ds, observation="tuple")
+    full = collect_dataset("test/tiny/full-v0", "MorcaTinyRandom-v0", 2, env_kwargs=ENV_KWARGS,
+                           behavior={"name": "threshold-curve"}, progress=False)
+    for mine, theirs in zip(ds.iterate_episodes(), full.iterate_episodes()):  # the same episodes, less the features
+        np.testing.assert_array_equal(mine.actions, theirs.actions)
+        np.testing.assert_array_equal(mine.rewards, theirs.rewards)
+        np.testing.assert_array_equal(mine.observations["scalars"], theirs.observations["scalars"])
 
 
 def test_d3rlpys_own_get_minari_loads_a_flat_dataset_but_misaligns_later_episodes_and_to_replay_buffer_does_not(
