@@ -3,7 +3,10 @@
     python research/ablation_tiny/analyze_terminal_error.py --dataset morca/tiny/random-v0
 
 Per episode, the target is the terminal PSNR. Two ridge-regression predictors
-are fitted on 80% of the episodes and scored (R^2, MAE) on the held-out 20%:
+are fitted on 80% of the episodes and scored (R^2, MAE) on the held-out 20%
+(`--split prompt`: 80% of the prompts, so no held-out prompt was seen in fitting;
+datasets whose episodes share prompts, e.g. the anchored ones in groups of 4,
+need it, or the latent features can recognise a prompt instead of predicting):
   * step error only: SeaCache's filtered step distance d_t at every reuse step
     (a length-N vector, zero where the step recomputes) and K;
   * step error + latent features: the same plus, per step, the channel means of
@@ -58,10 +61,24 @@ def fit_cv(x, y, rng):
     return ridge_fit(x, y, best), best
 
 
+def split(dataset, count: int, by: str, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) episode indices: 80 / 20 of the episodes, or of the prompts (each with all its episodes)."""
+    if by == "episode":
+        order = rng.permutation(count)
+        return order[:int(0.8 * count)], order[int(0.8 * count):]
+    prompts = [m["options"]["prompt"] for m in dataset.storage.get_episode_metadata(range(count))]
+    unique = sorted(set(prompts))
+    held = set(rng.permutation(unique)[int(0.8 * len(unique)):])
+    test = np.array([i for i, p in enumerate(prompts) if p in held])
+    return np.array([i for i, p in enumerate(prompts) if p not in held]), test
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="morca/tiny/random-v0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", choices=("episode", "prompt"), default="episode",
+                   help="hold out 20%% of the episodes, or of the prompts (with all their episodes)")
     args = p.parse_args(argv)
     dataset = minari.load_dataset(args.dataset)
     channels = dataset.observation_space["pooled"].shape[0] // 3
@@ -70,10 +87,8 @@ def main(argv=None) -> int:
     full = np.stack([r[1] for r in rows])
     y = np.array([r[2] for r in rows])
     rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(y))
-    cut = int(0.8 * len(y))
-    train, test = order[:cut], order[cut:]
-    print(f"{args.dataset}: {len(y)} episodes ({len(train)} train / {len(test)} held out), "
+    train, test = split(dataset, len(y), args.split, rng)
+    print(f"{args.dataset}: {len(y)} episodes ({len(train)} train / {len(test)} held out, split by {args.split}), "
           f"terminal PSNR {y.mean():.2f} ± {y.std():.2f} dB\n")
     print("| features | R^2 | MAE (dB) | ridge penalty |\n|---|---|---|---|")
     for name, x in (("step error only", step), ("step error + latent features", full)):
