@@ -132,6 +132,10 @@ class MorcaEnv(gym.Env):
     | `scalars`     | (7,)           | d_t, D_t, t, l_t, u_t, K, cache-valid bit                      |
     | `action_mask` | (2,) int8      | [recompute feasible, reuse feasible] (`mask_dtype="bool"`: bool) |
 
+    Two tracks: `observation="full"` (the default, above) and `observation="scalars"`, a Dict of `scalars` and
+    `action_mask` alone (no latent features computed). `flat=True` gives either track as one float32 Box in
+    gymnasium's `spaces.flatten` order, the mask first (the scalars track: 9 values).
+
     C is the latent's channel count (16 for Wan, 3 for the pixel-space testbeds). d_t is SeaCache's
     filtered step distance and D_t its sum since the last recompute (unbounded);
     t = remaining steps / N, l_t = steps since the last recompute / N,
@@ -185,13 +189,14 @@ class MorcaEnv(gym.Env):
     `budget_rounding` ("dither", the default: a target speedup between two attainable
     ones runs floor(K*) or ceil(K*) by a draw keyed on the generation seed, so the
     mean realised speedup over episodes is the target; "nearest": always the K with
-    the nearest predicted speedup), `latent_features` (default True; False leaves
+    the nearest predicted speedup), `latent_features` (default True on the full track; False leaves
     `pooled` and `temporal` at zero and skips computing them, for rule schedulers and
     scalar-state policies: a cheaper env, so measure its own calibration), `feature_dtype`
     ("float32", the default, or "float16": the dtype of `pooled` and `temporal`, as the
     project's datasets store them, so a dataset's observation space equals its recovered env's), `mask_dtype`
     ("int8", the default and gymnasium's convention, a MultiBinary space; or "bool", a boolean Box, which
-    torchrl's `ActionMask` and masked `QValueModule` take as they are).
+    torchrl's `ActionMask` and masked `QValueModule` take as they are), `observation` ("full" or "scalars",
+    the track) and `flat` (default False; True: one flat vector, for flat-input libraries and datasets).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}

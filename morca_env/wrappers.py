@@ -6,7 +6,8 @@ torchrl (`GymEnv` + its `ActionMask` transform reads `action_mask`). For one fla
 vector use gymnasium's own `FlattenObservation`: its order (sorted keys: action_mask,
 pooled, scalars, temporal) is `morca_env.observation.FLAT_KEYS`, the one
 `to_replay_buffer` writes, so a d3rlpy algorithm trained on a dataset reads the same
-inputs in the env; the mask is `flat[FLAT_MASK]`, the first two entries.
+inputs in the env; the mask is `flat[FLAT_MASK]`, the first two entries. The env's own `flat=True` gives the
+same vector without a wrapper (and the `observation="scalars"` track, 9 values).
 """
 
 from __future__ import annotations
