@@ -26,6 +26,9 @@ import numpy as np
 from morca_env.observation import Scalar
 
 
+PREDICTORS = ("step error only", "step error + latent features")
+
+
 def episode_features(ep, channels: int):
     obs = ep.observations
     actions = np.asarray(ep.actions)
@@ -77,6 +80,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="morca/tiny/random-v0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="random splits (seeds --seed, --seed + 1, ...)")
     p.add_argument("--split", choices=("episode", "prompt"), default="episode",
                    help="hold out 20%% of the episodes, or of the prompts (with all their episodes)")
     args = p.parse_args(argv)
@@ -86,16 +90,24 @@ def main(argv=None) -> int:
     step = np.stack([r[0] for r in rows])
     full = np.stack([r[1] for r in rows])
     y = np.array([r[2] for r in rows])
-    rng = np.random.default_rng(args.seed)
-    train, test = split(dataset, len(y), args.split, rng)
-    print(f"{args.dataset}: {len(y)} episodes ({len(train)} train / {len(test)} held out, split by {args.split}), "
-          f"terminal PSNR {y.mean():.2f} ± {y.std():.2f} dB\n")
-    print("| features | R^2 | MAE (dB) | ridge penalty |\n|---|---|---|---|")
-    for name, x in (("step error only", step), ("step error + latent features", full)):
-        model, alpha = fit_cv(x[train], y[train], rng)
-        pred = model(x[test])
-        r2 = 1 - np.sum((pred - y[test]) ** 2) / np.sum((y[test] - y[test].mean()) ** 2)
-        print(f"| {name} | {r2:.3f} | {np.mean(np.abs(pred - y[test])):.3f} | {alpha:g} |")
+    print(f"{args.dataset}: {len(y)} episodes, terminal PSNR {y.mean():.2f} ± {y.std():.2f} dB; held out: 20% of "
+          f"the {args.split}s, {args.repeats} split(s) from seed {args.seed}\n")
+    scores = {name: [] for name in PREDICTORS}
+    for repeat in range(args.repeats):
+        rng = np.random.default_rng(args.seed + repeat)
+        train, test = split(dataset, len(y), args.split, rng)
+        for name, x in zip(PREDICTORS, (step, full)):
+            model, _ = fit_cv(x[train], y[train], rng)
+            pred = model(x[test])
+            r2 = 1 - np.sum((pred - y[test]) ** 2) / np.sum((y[test] - y[test].mean()) ** 2)
+            scores[name].append((r2, np.mean(np.abs(pred - y[test]))))
+    print("| features | R^2 | MAE (dB) |\n|---|---|---|")
+    for name, rows in scores.items():
+        r2, mae = np.array(rows).T
+        print(f"| {name} | {r2.mean():.3f} ± {r2.std():.3f} | {mae.mean():.3f} ± {mae.std():.3f} |")
+    gain = np.array([a[0] - b[0] for a, b in zip(scores[PREDICTORS[1]], scores[PREDICTORS[0]])])
+    print(f"\nlatent features add {gain.mean():+.3f} ± {gain.std():.3f} R^2 (mean ± std over the splits; "
+          f"higher on {int((gain > 0).sum())} of {len(gain)})")
     return 0
 
 
