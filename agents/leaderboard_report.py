@@ -9,12 +9,17 @@ import numpy as np
 REPS = 2000  # bootstrap resamples (rliable's examples use 50000; 2000 keeps the page a few seconds to remake)
 
 
+def label_of(run: dict) -> str:
+    """'method on dataset', and the observation track of a learned run read on the scalars track."""
+    label = run["method"] if run["dataset"] == "-" else f"{run['method']} on {run['dataset']}"
+    return label + (" [scalars]" if run.get("track") == "scalars" else "")
+
+
 def by_method(results: list[dict], seeds: int) -> dict[str, list[dict]]:
-    """Complete methods only (every seed of a learned one finished), keyed 'method (dataset)'."""
+    """Complete methods only (every seed of a learned one finished), keyed by `label_of`."""
     groups: dict[str, list[dict]] = {}
     for r in results:
-        label = r["method"] if r["dataset"] == "-" else f"{r['method']} on {r['dataset']}"
-        groups.setdefault(label, []).append(r)
+        groups.setdefault(label_of(r), []).append(r)
     needed = {label: (seeds if g[0]["family"] != "rule" or g[0]["rule"] == "random" else 1) for label, g in groups.items()}
     return {label: g for label, g in groups.items() if len(g) >= needed[label]}
 
@@ -56,7 +61,9 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              "", f"Training budgets: offline {args.updates} gradient updates (each algorithm's default batch size) on "
              f"the first {args.episodes} episodes of a dataset; online {args.online_episodes} environment episodes "
              f"({args.online_episodes * 50} steps); {args.seeds} training seeds per learned method; "
-             "rules are deterministic (random feasible: one run per seed).", "",
+             "rules are deterministic (random feasible: one run per seed). Learned methods run on each observation "
+             "track: the full state, and \"[scalars]\", the seven scalars and the mask (a rule reads only those: one "
+             "row serves both tracks).", "",
              "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
              + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run |",
              "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|"]
@@ -78,14 +85,13 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
                   "the vanilla ones also ask for many infeasible actions (the projected column: the env overrides "
                   "them). The MORCA IQL of `make quickstart` trains about 5x longer (4800 updates); the board "
                   "measures algorithms at one small common budget, not at their best.", ""]
-    ranked_keys = {(g[0]["method"], g[0]["dataset"]) for g in groups.values()}
-    started = {(r["method"], r["dataset"]) for r in results}
-    missing = sorted(started - ranked_keys)
+    started = {label_of(r) for r in results}
+    missing = sorted(started - set(groups))
     if missing:
-        lines += ["Not ranked (seeds still running): " + ", ".join(f"{m} ({d})" for m, d in missing), ""]
-    unstarted = sorted({(j["method"], j["dataset"]) for j in expected or []} - started)
+        lines += ["Not ranked (seeds still running): " + ", ".join(missing), ""]
+    unstarted = sorted({label_of(j) for j in expected or []} - started)
     if unstarted:
-        lines += ["Not run yet (rerun the command to continue): " + ", ".join(f"{m} ({d})" for m, d in unstarted), ""]
+        lines += ["Not run yet (rerun the command to continue): " + ", ".join(unstarted), ""]
 
     low = min(-100.0, float(min(v.min() for v in scores.values())) - 10)
     taus = np.linspace(low, 150, 126)

@@ -8,7 +8,9 @@ Every run is scored by `morca_env.evaluation.benchmark.evaluate` on MorcaTiny-v0
 same K, paired to the shipped references; `--pair-step 2` scores every second pair).
 Training budgets, common to a family: offline algorithms `--updates` gradient updates
 on the first `--episodes` of a dataset; online ones `--online-episodes` environment
-episodes (offline-to-online IQL: both). Each run is one JSON file under `--out`
+episodes (offline-to-online IQL: both). Each learned method runs on each observation track (`--tracks`): "full",
+the paper's state with latent features, and "scalars", its seven scalars and the mask (the MORCA networks with
+no latent branch; the other algorithms on the scalars track's own observations). Each run is one JSON file under `--out`
 (written when done), so a crash or a stop loses at most the runs in flight. The page
 (the leaderboard page, `--page`, with a performance-profile plot) aggregates the
 normalized scores with rliable: IQM over runs and targets, 95% stratified-bootstrap CIs.
@@ -43,31 +45,41 @@ ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL 
 
 
 def jobs(args) -> list[dict]:
-    """Every run, in the order they are worth having: rules, offline on each dataset, online."""
+    """Every run, in the order they are worth having: rules, offline on each dataset, online; each learned one on
+    each observation track (a rule reads the scalars and the mask only: one run serves both tracks)."""
     out = []
+    tracks = getattr(args, "tracks", ["full"])
     if "rules" in args.only:
         for label, name in RULES.items():
             for seed in (range(args.seeds) if name in SEEDED_RULES else [0]):
-                out.append({"family": "rule", "method": label, "rule": name, "dataset": "-", "seed": seed})
+                out.append({"family": "rule", "method": label, "rule": name, "dataset": "-", "seed": seed,
+                            "track": "-"})
     if "offline" in args.only:
         for dataset in args.datasets:
-            out += [{"family": "offline", "method": m, "dataset": dataset, "seed": s} for m in OFFLINE
-                    for s in range(args.seeds)]
+            out += [{"family": "offline", "method": m, "dataset": dataset, "seed": s, "track": t} for m in OFFLINE
+                    for t in tracks for s in range(args.seeds)]
     if "online" in args.only:
-        out += [{"family": "online", "method": m, "dataset": "mixture" if "offline-to" in m else "-", "seed": s}
-                for m in ONLINE for s in range(args.seeds)]
+        out += [{"family": "online", "method": m, "dataset": "mixture" if "offline-to" in m else "-", "seed": s,
+                 "track": t} for m in ONLINE for t in tracks for s in range(args.seeds)]
 
     def cost(job):  # cheap first, so a stopped run has the most complete methods: IQL's updates are ~20x slower
         iql = "IQL" in job["method"]
-        return (job["family"] != "rule", iql, job["dataset"] not in ("-", args.datasets[0]), job["family"] == "online")
+        return (job["family"] != "rule", iql, job["dataset"] not in ("-", args.datasets[0]), job["family"] == "online",
+                job["track"] == "full")
     return sorted(out, key=cost)
 
 
+def track_of(job: dict) -> str:
+    """The observation track a run's policy reads ("-" for a rule: both; runs from before tracks: "full")."""
+    return job.get("track", "full")
+
+
 def run_name(job: dict) -> str:
-    return "".join(c if c.isalnum() else "_" for c in f"{job['method']}__{job['dataset']}__s{job['seed']}")
+    track = "" if track_of(job) in ("full", "-") else f"__{track_of(job)}"  # full-track runs keep their old names
+    return "".join(c if c.isalnum() else "_" for c in f"{job['method']}__{job['dataset']}__s{job['seed']}{track}")
 
 
-def buffer_of(dataset: str, episodes: int):
+def buffer_of(dataset: str, episodes: int, track: str = "full"):
     from morca_env.data import CollectionRecipe, to_replay_buffer
     from morca_env.data.integrity import load_dataset
 
@@ -75,10 +87,13 @@ def buffer_of(dataset: str, episodes: int):
     if data.total_episodes < episodes:
         raise SystemExit(f"{dataset}: {data.total_episodes} episodes collected, --episodes {episodes} asked; run "
                          f"morca collect {DATASETS[dataset]} --episodes {episodes}")
-    return to_replay_buffer(data, episode_indices=list(range(episodes)))  # the defaults: flat, one-step TD
+    return to_replay_buffer(data, episode_indices=list(range(episodes)),  # flat, one-step TD
+                            track=None if track == "full" else track)
 
 
-def offline_algo(method: str, buffer, updates: int, seed: int):
+def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full"):
+    """`method` trained on `buffer`: the MORCA IQL reads the full track's flat buffer, its latent branch off on the
+    scalars track (the paper's scalar state); the others read the track's own flat observations."""
     import d3rlpy
 
     import agents
@@ -86,7 +101,9 @@ def offline_algo(method: str, buffer, updates: int, seed: int):
     d3rlpy.seed(seed)
     # IQL's twin Q and V share one encoder: the paper's architecture allows it, and it halves the update cost
     # (perf/bench_update_cost.py), so the board's common budget buys the method more of what it needs
-    shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True)
+    encoder = agents.MorcaEncoderFactory(features="" if track == "scalars" else "p3,mean,var")
+    shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True, actor_encoder_factory=encoder,
+                               critic_encoder_factory=encoder, value_encoder_factory=encoder)
     configs = {"IQL (MORCA)": shared, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
                "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
                "DQN (offline)": d3rlpy.algos.DQNConfig}
@@ -100,8 +117,10 @@ def online_policy(job: dict, args, run_dir: Path):
     """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes."""
     from morca_env.evaluation import benchmark
 
-    method, seed, episodes = job["method"], job["seed"], args.online_episodes
-    env = benchmark.training_env(ENV_ID)
+    method, seed, episodes, track = job["method"], job["seed"], args.online_episodes, track_of(job)
+    features = "" if track == "scalars" else "p3,mean,var"  # the MORCA networks' latent branch
+    sb3_track = method in ("MaskablePPO", "DQN (sb3)") and track == "scalars"
+    env = benchmark.training_env(ENV_ID, **({"observation": "scalars"} if sb3_track else {}))
     steps = episodes * env.unwrapped.num_steps
     if method in ("MaskablePPO", "DQN (sb3)"):
         from sb3_contrib import MaskablePPO
@@ -119,17 +138,18 @@ def online_policy(job: dict, args, run_dir: Path):
     targets = benchmark.suite_of(ENV_ID).targets
     speedups = (min(targets), max(targets))
     if method == "REINFORCE":
-        trainer = Reinforce(env, ReinforceConfig(total_episodes=episodes, speedup_range=speedups, seed=seed),
-                            run_dir, progress=False)
+        trainer = Reinforce(env, ReinforceConfig(total_episodes=episodes, speedup_range=speedups, seed=seed,
+                                                 features=features), run_dir, progress=False)
         trainer.train()
         return trainer.policy()
     offline, buffer = None, None
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes)
-        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed).algo
+        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track).algo
     rounds = 4
     config = OnlineConfig(rounds=rounds, trajectories_per_round=episodes // rounds, warmup_epochs=1, joint_epochs=2,
-                          max_steps_per_epoch=args.updates // (3 * rounds), speedup_range=speedups, seed=seed)
+                          max_steps_per_epoch=args.updates // (3 * rounds), speedup_range=speedups, seed=seed,
+                          features=features)
     trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
     trainer.run()
     return agents.MorcaPolicy(trainer.algo)
@@ -149,16 +169,22 @@ def run_job(job: dict, args) -> dict:
         policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] in SEEDED_RULES else {}))
         budget = "none (a fixed rule)"
     elif job["family"] == "offline":
-        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes), args.updates, job["seed"])
+        track = "full" if job["method"] == "IQL (MORCA)" else track_of(job)  # the buffer the algorithm reads
+        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes, track), args.updates,
+                              job["seed"], track_of(job))
         budget = f"{args.updates} updates on {args.episodes} episodes"
     else:
         policy = online_policy(job, args, Path(args.out) / "train" / run_name(job))
         budget = f"{args.online_episodes} env episodes" + (f" after {args.updates} offline updates"
                                                            if job["dataset"] != "-" else "")
     train_s = time.perf_counter() - t0
-    result = benchmark.evaluate(policy, ENV_ID, env=env, progress=False, name=job["method"], pair_step=args.pair_step)
+    # a policy reading the scalars track's own observations plays in an env on that track (evaluate makes it)
+    own_track = track_of(job) == "scalars" and benchmark.policy_track(policy) == "scalars"
+    result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
+                                pair_step=args.pair_step)
     env.close()
     return {**job, "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
+            "played_on": result.observation,
             "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,
                                   "vs_best_fixed": s.vs_best_fixed, "projected": s.projected_per_episode}
                        for t, s in result.scores.items()}}
@@ -209,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=("rules", "offline", "online"), default=["rules", "offline", "online"])
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["mixture", "random"])
     p.add_argument("--seeds", type=positive_int, default=5)
+    p.add_argument("--tracks", nargs="+", choices=("full", "scalars"), default=["full", "scalars"],
+                   help="the observation tracks every learned method runs on")
     p.add_argument("--episodes", type=positive_int, default=400, help="dataset episodes the offline algorithms train on")
     p.add_argument("--updates", type=positive_int, default=1000, help="gradient updates of every offline algorithm")
     p.add_argument("--online-episodes", type=positive_int, default=48, help="env episodes of every online algorithm")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..observation import as_flat, as_tuple
+from ..observation import TRACK_KEYS, as_flat, as_tuple, check_observation
 from ..utils.quiet import quiet_d3rlpy
 
 from . import integrity
@@ -53,7 +53,8 @@ def transition_picker(n_step: int = 1):
     return BasicTransitionPicker() if n_step == 1 else MultiStepTransitionPicker(n_steps=n_step, gamma=1.0)
 
 
-def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n_step: int = 1):
+def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n_step: int = 1,
+                     track: str | None = None):
     """A d3rlpy `ReplayBuffer` from a MORCA Minari dataset, or from several (a list: their episodes in order;
     `episode_indices` then applies to the first only, e.g. a prefix of a mixture plus all of a searched dataset).
 
@@ -66,7 +67,8 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     feeds a policy trained on it), which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. A scalars-track dataset flattens to
     [action_mask, scalars] (9 values) and has no tuple form; a flat dataset is taken as it is stored.
-    `n_step > 1` samples n-step returns (`transition_picker`).
+    `track="scalars"` reads a full-track dataset as the scalars track (its mask and scalars, 9 values flat), so
+    one dataset serves both observation tracks. `n_step > 1` samples n-step returns (`transition_picker`).
     """
     quiet_d3rlpy("to_replay_buffer (a d3rlpy ReplayBuffer)")
     from d3rlpy.constants import ActionSpace
@@ -74,6 +76,10 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
 
     if observation not in ("tuple", "flat"):
         raise ValueError(f"observation={observation!r}; valid: 'tuple', 'flat'")
+    if track is not None:
+        check_observation(track)
+        if track == "scalars" and observation == "tuple":
+            raise ValueError("track='scalars' has no tuple form (no latent features): use observation='flat'")
     convert = tuple_observation if observation == "tuple" else flatten_observation
     datasets = list(dataset) if isinstance(dataset, (list, tuple)) else [dataset]
     if not datasets:
@@ -110,6 +116,12 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
             raise ValueError(f"observation='tuple' needs the full track's Dict observations; "
                              f"episode {ep.id} holds {'flat vectors' if stored_flat else 'the scalars track'}: "
                              "use observation='flat'")
+        if track is not None and not stored_flat:
+            missing = set(TRACK_KEYS[track]) - set(obs)
+            if missing:
+                raise ValueError(f"track={track!r} needs {sorted(missing)}, which episode {ep.id} does not hold "
+                                 "(a scalars-track dataset has no latent features)")
+            obs = {k: obs[k] for k in TRACK_KEYS[track]}
         converted = (obs["flat"][:n].astype(np.float32) if stored_flat else
                      convert({k: v[:n] for k, v in obs.items()}))
         episodes.append(Episode(observations=converted, actions=np.asarray(ep.actions, dtype=np.int64).reshape(n, 1),

@@ -35,7 +35,8 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     middle = np.sort(a.ravel())[2:8]  # the interquartile mean of 10 values: the middle 5 (scipy trims 25% each side)
     iqm = float(rows[2].split(" | ")[3].split(" ")[0])
     assert middle.min() <= iqm <= middle.max()
-    assert "Not ranked (seeds still running): C (mixture)" in text and "Not run yet (rerun the command to continue): D (random)" in text and "Top: **B on mixture**." in text
+    assert "Not ranked (seeds still running): C on mixture" in text and "Top: **B on mixture**." in text
+    assert "Not run yet (rerun the command to continue): D on random" in text
     assert "`morca leaderboard --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
 
 
@@ -135,3 +136,60 @@ def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_learned_methods_run_on_each_track_and_full_track_runs_keep_their_names():
+    args = argparse.Namespace(only=["rules", "offline", "online"], seeds=1, datasets=["random"],
+                              tracks=["full", "scalars"])
+    runs = leaderboard.jobs(args)
+    learned = [j for j in runs if j["family"] != "rule"]
+    assert {j["track"] for j in runs if j["family"] == "rule"} == {"-"}  # one rule run serves both tracks
+    assert len(learned) == 2 * (len(leaderboard.OFFLINE) + len(leaderboard.ONLINE))
+    full = next(j for j in learned if j["method"] == "DiscreteCQL" and j["track"] == "full")
+    assert leaderboard.run_name(full) == "DiscreteCQL__random__s0"  # a board made before tracks resumes
+    assert leaderboard.run_name({**full, "track": "scalars"}) == "DiscreteCQL__random__s0__scalars"
+    assert leaderboard_report.label_of({**full, "track": "scalars"}) == "DiscreteCQL on random [scalars]"
+
+
+def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_env(tmp_path, monkeypatch):
+    from morca_env.data import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    data = collect_dataset("test/tiny/board-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
+        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
+        progress=False)
+    seen = []
+
+    def buffer_of(dataset, episodes, track="full"):
+        seen.append(track)
+        return to_replay_buffer(data, track=None if track == "full" else track)
+
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    monkeypatch.setattr(leaderboard, "buffer_of", buffer_of)
+    args = argparse.Namespace(episodes=2, updates=2, pair_step=4)
+    job = {"family": "offline", "method": "DiscreteCQL", "dataset": "random", "seed": 0, "track": "scalars"}
+    record = leaderboard.run_job(job, args)
+    assert seen == ["scalars"] and record["track"] == "scalars" and record["played_on"] == "scalars"
+    trained = []
+    original = leaderboard.offline_algo
+    monkeypatch.setattr(leaderboard, "offline_algo", lambda *a: trained.append(original(*a)) or trained[-1])
+    iql = leaderboard.run_job({**job, "method": "IQL (MORCA)"}, args)  # the MORCA network, its latent branch off
+    assert seen[-1] == "full" and iql["played_on"] == "full"
+    config = trained[-1].algo.config
+    assert config.shared_critic_encoder and config.critic_encoder_factory.features == ""
+    assert not trained[-1].reads_latents
+
+
+@pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("REINFORCE", "full")])
+def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkeypatch):
+    pytest.importorskip("sb3_contrib")
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    args = argparse.Namespace(online_episodes=2, updates=6, pair_step=4, episodes=2, out=str(tmp_path))
+    job = {"family": "online", "method": method, "dataset": "-", "seed": 0, "track": "scalars"}
+    policy = leaderboard.online_policy(job, args, tmp_path / "run")
+    if method == "MaskablePPO":  # sb3 trained on the scalars track's Dict
+        assert set(policy.observation_space.spaces) == {"scalars", "action_mask"}
+    else:  # the MORCA policy network with its latent branch off: the paper's scalar state
+        assert policy.network.trunk.branch3d is None and policy.network.trunk.branch2d is None
+    assert leaderboard.run_job(job, args)["played_on"] == played_on

@@ -118,8 +118,12 @@ def test_a_scalars_track_dataset_flattens_to_the_mask_and_scalars_and_has_no_tup
                                                          ep.observations["scalars"][:10]], axis=1))
     with pytest.raises(ValueError, match="observation='tuple' needs the full track"):
         to_replay_buffer(ds, observation="tuple")
+    with pytest.raises(ValueError, match=r"track='full' needs \['pooled', 'temporal'\]"):
+        to_replay_buffer(ds, track="full")
     full = collect_dataset("test/tiny/full-v0", "MorcaTinyRandom-v0", 2, env_kwargs=ENV_KWARGS,
                            behavior={"name": "threshold-curve"}, progress=False)
+    np.testing.assert_array_equal(to_replay_buffer(full, track="scalars").episodes[1].observations,  # one dataset,
+                                  to_replay_buffer(ds).episodes[1].observations)  # both tracks
     for mine, theirs in zip(ds.iterate_episodes(), full.iterate_episodes()):  # the same episodes, less the features
         np.testing.assert_array_equal(mine.actions, theirs.actions)
         np.testing.assert_array_equal(mine.rewards, theirs.rewards)
