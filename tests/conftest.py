@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 CORE_MODULES = {
     "test_accelerate", "test_acid", "test_benchmark", "test_budget", "test_cache", "test_collect", "test_dicache",
     "test_easycache", "test_env", "test_library_policies", "test_examples", "test_extras", "test_features", "test_first_block_cache",
-    "test_magcache", "test_metrics", "test_observation", "test_observation_tracks", "test_policies", "test_prompts", "test_registry",
+    "test_k_references", "test_magcache", "test_metrics", "test_observation", "test_observation_tracks", "test_policies", "test_prompts", "test_registry",
     "test_runtime_rule_forms", "test_sencache", "test_signals", "test_teacache", "test_vector_env", "test_info_pickles",
 }
 
