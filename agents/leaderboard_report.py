@@ -24,6 +24,29 @@ def by_method(results: list[dict], seeds: int) -> dict[str, list[dict]]:
     return {label: g for label, g in groups.items() if len(g) >= needed[label]}
 
 
+def learning_curve(runs: list[dict]) -> tuple[list[int], np.ndarray, np.ndarray] | None:
+    """(x, mean, 95% t half-width) over a method's runs at the checkpoints every run has; None without curves."""
+    from scipy import stats
+
+    curves = [{point["x"]: point["normalized"] for point in r.get("curve") or []} for r in runs]
+    xs = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+    if not xs:
+        return None
+    values = np.array([[c[x] for x in xs] for c in curves])
+    half = (stats.t.ppf(0.975, len(values) - 1) * values.std(axis=0, ddof=1) / np.sqrt(len(values))
+            if len(values) > 1 else np.zeros(len(xs)))
+    return xs, values.mean(axis=0), half
+
+
+def plateau(curve) -> str:
+    """"yes" when the last two checkpoints' 95% intervals overlap (the curve stopped rising or falling within its
+    noise), "no" when they do not, "-" without two checkpoints."""
+    if curve is None or len(curve[0]) < 2:
+        return "-"
+    _, mean, half = curve
+    return "yes" if abs(mean[-1] - mean[-2]) <= half[-1] + half[-2] else "no"
+
+
 def score_matrix(runs: list[dict], targets: list[str]) -> np.ndarray:
     """(runs, targets) normalized scores: rliable's (num_runs, num_tasks)."""
     return np.array([[r["scores"][t]["normalized"] for t in targets] for r in runs])
@@ -65,8 +88,9 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              "track: the full state, and \"[scalars]\", the seven scalars and the mask (a rule reads only those: one "
              "row serves both tracks).", "",
              "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
-             + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run |",
-             "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|"]
+             + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run | plateau |",
+             "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|---|"]
+    curves = {label: learning_curve(groups[label]) for label in ranked if groups[label][0]["family"] != "rule"}
     for rank, label in enumerate(ranked, 1):
         low, high = overall_ci[label][:, 0]
         cells = [f"{per_target[i][0][label][0]:.1f}" for i in range(len(targets))]
@@ -74,7 +98,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
         projected = np.mean([s["projected"] for r in groups[label] for s in r["scores"].values()])
         lines.append(f"| {rank} | {label} | {len(groups[label])} | {overall[label][0]:.1f} ({low:.1f}, {high:.1f}) | "
                      + " | ".join(cells) + " | " + " | ".join(f"{mean_psnr[label][t]:.2f}" for t in targets)
-                     + f" | {projected:.1f} | {train:.0f} |")
+                     + f" | {projected:.1f} | {train:.0f} | {plateau(curves.get(label))} |")
     top = ranked[0]
     family = groups[top][0]["family"]
     lines += ["", f"Top: **{top}**" + (" — a rule, not a learned scheduler." if family == "rule" else "."), ""]
@@ -110,6 +134,30 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     with atomic_path(plot) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    drawn = {label: c for label, c in curves.items() if c is not None}
+    if drawn:
+        curve_plot = page.with_name(page.stem + "_curves.png")
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for i, (label, (xs, mean, half)) in enumerate(drawn.items()):
+            ax = axes[0 if groups[label][0]["family"] == "offline" else 1]
+            ax.plot(xs, mean, "o-", color=colours[i % 20], label=label)
+            ax.fill_between(xs, mean - half, mean + half, color=colours[i % 20], alpha=0.15)
+        for ax, x in zip(axes, ("gradient updates", "environment episodes")):
+            ax.set_xscale("log", base=2)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel(x)
+            ax.set_ylabel("normalized score on validation pairs (mean, 95% CI over seeds)")
+            ax.legend(fontsize=6)
+        axes[0].set_title("offline")
+        axes[1].set_title("online")
+        fig.tight_layout()
+        with atomic_path(curve_plot) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+        plt.close(fig)
+        lines += ["Learning curves: the normalized score on 8 validation pairs of training prompts (no training, fit "
+                  "or selection slice uses them) at checkpoints twice apart; \"plateau\" says whether the last two "
+                  "checkpoints' 95% intervals overlap (the MORCA online trainers give their final point only).", "",
+                  f"![learning curves]({curve_plot.name})", ""]
     command = args.run_command or args.command
     lines += [f"![performance profile]({plot.name})", "", f"Remake: `{command}` (resumable: a rerun continues; "
               "`--report` rewrites this page from the runs done).", ""]

@@ -11,7 +11,9 @@ on the first `--episodes` of a dataset; online ones `--online-episodes` environm
 episodes (offline-to-online IQL: both). Each learned method runs on each observation track (`--tracks`): "full",
 the paper's state with latent features, and "scalars", its seven scalars and the mask (the MORCA networks with
 no latent branch; the other algorithms on the scalars track's own observations). Each run is one JSON file under `--out`
-(written when done), so a crash or a stop loses at most the runs in flight. The page
+(written when done), so a crash or a stop loses at most the runs in flight. Each learned run also records its
+learning curve (`--curve-points`): the normalized score on 8 validation pairs of training prompts at checkpoints
+twice apart in updates (offline) or episodes (sb3 online; the MORCA online trainers give their final point). The page
 (the leaderboard page, `--page`, with a performance-profile plot) aggregates the
 normalized scores with rliable: IQM over runs and targets, 95% stratified-bootstrap CIs.
 """
@@ -31,6 +33,9 @@ from pathlib import Path
 from morca_env.parallel.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
+# the learning curves' validation pairs: training prompts that no dataset (tiny-train:250, [5::22]), training pool
+# ([::22]), fixed-schedule fit ([::464], [11:2651:132]) or margin choice ([7::44]) uses (tests check it), 8 pairs
+VALIDATION_PROMPTS = "tiny-train[1001:1705:88]"
 DATASETS = {"mixture": "morca/tiny/mixture-v0", "random": "morca/tiny/random-v0"}  # packaged recipes
 RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-fixed",
          "SeaCache (exact K)": "seacache-exact", "TeaCache (exact K)": "teacache-exact",
@@ -91,9 +96,10 @@ def buffer_of(dataset: str, episodes: int, track: str = "full"):
                             track=None if track == "full" else track)
 
 
-def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full"):
+def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full", checkpoints=(), on_checkpoint=None):
     """`method` trained on `buffer`: the MORCA IQL reads the full track's flat buffer, its latent branch off on the
-    scalars track (the paper's scalar state); the others read the track's own flat observations."""
+    scalars track (the paper's scalar state); the others read the track's own flat observations. At each update
+    count in `checkpoints`, `on_checkpoint(policy, updates_so_far)` (the learning curve)."""
     import d3rlpy
 
     import agents
@@ -108,13 +114,71 @@ def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "ful
                "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
                "DQN (offline)": d3rlpy.algos.DQNConfig}
     algo = configs[method]().create(device="cpu")
-    algo.fit(buffer, n_steps=updates, n_steps_per_epoch=updates, show_progress=False,
-             logger_adapter=d3rlpy.logging.NoopAdapterFactory())
-    return agents.MorcaPolicy(algo) if method == "IQL (MORCA)" else algo
+    wrap = (lambda a: agents.MorcaPolicy(a)) if method == "IQL (MORCA)" else (lambda a: a)
+    done = 0
+    for stop in sorted({*(c for c in checkpoints if 0 < c < updates), updates}):
+        algo.fit(buffer, n_steps=stop - done, n_steps_per_epoch=stop - done, show_progress=False,
+                 logger_adapter=d3rlpy.logging.NoopAdapterFactory())  # a later fit continues the same networks
+        done = stop
+        if on_checkpoint is not None and stop in checkpoints:
+            on_checkpoint(wrap(algo), done)
+    return wrap(algo)
 
 
-def online_policy(job: dict, args, run_dir: Path):
-    """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes."""
+def curve_points(total: int, points: int) -> list[int]:
+    """`points` checkpoints up to `total`, each twice the one before (a learning curve's x axis)."""
+    return sorted({max(1, total >> (points - 1 - i)) for i in range(points)}) if points > 0 else []
+
+
+class Validation:
+    """The learning curve's measure: the normalized score on validation pairs of training prompts (disjoint from
+    every slice the board trains, fits or selects on, and from the suite), against references measured on them."""
+
+    def __init__(self, references: dict):
+        self.references = references
+        self.envs: dict[str, object] = {}
+
+    def __call__(self, policy) -> dict:
+        from morca_env.evaluation import benchmark
+
+        track = benchmark.policy_track(policy) or "full"
+        if track not in self.envs:
+            self.envs[track] = benchmark.make_env(ENV_ID, validation_suite(), observation=track)
+        rows = benchmark.play(benchmark.as_policy(policy), self.envs[track], validation_suite(), progress=False,
+                              references=self.references)
+        scores = benchmark.score(rows, self.references)
+        per_target = {f"{t:g}": s.normalized for t, s in scores.items()}
+        return {"normalized": float(sum(per_target.values()) / len(per_target)), "per_target": per_target}
+
+    def close(self):
+        for env in self.envs.values():
+            env.close()
+
+
+def validation_suite():
+    from morca_env.evaluation import benchmark
+
+    suite = benchmark.suite_of(ENV_ID)
+    return benchmark.Suite(ENV_ID, VALIDATION_PROMPTS, suite.targets, suite.env_kwargs, "validation pairs")
+
+
+def validation_references(out: Path) -> dict:
+    """The random feasible and best fixed references on the validation pairs, measured once per board (cached)."""
+    from morca_env.evaluation import benchmark
+    from morca_env.utils.io import atomic_write_text
+
+    path = out / "validation_references.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    refs = benchmark.measure_references(ENV_ID, suite=validation_suite(), progress=False)
+    atomic_write_text(path, json.dumps(refs) + "\n")
+    return refs
+
+
+def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=None):
+    """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes.
+    sb3's methods call `on_checkpoint(model, episodes_so_far)` at each of `checkpoints`; the MORCA trainers (their
+    rounds are the unit) give their final point only."""
     from morca_env.evaluation import benchmark
 
     method, seed, episodes, track = job["method"], job["seed"], args.online_episodes, track_of(job)
@@ -129,7 +193,12 @@ def online_policy(job: dict, args, run_dir: Path):
         algo, options = ((MaskablePPO, {"n_steps": 250, "batch_size": 50}) if method == "MaskablePPO" else
                          (DQN, {"learning_starts": 250, "buffer_size": steps}))
         model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu", **options)
-        model.learn(total_timesteps=steps)
+        done = 0
+        for stop in sorted({*(c for c in checkpoints if 0 < c < episodes), episodes}):
+            model.learn(total_timesteps=(stop - done) * env.unwrapped.num_steps, reset_num_timesteps=False)
+            done = stop
+            if on_checkpoint is not None and stop in checkpoints:
+                on_checkpoint(model, done)
         return model
     import agents
     from agents.online import OnlineConfig, OnlineTrainer
@@ -164,6 +233,17 @@ def run_job(job: dict, args) -> dict:
     from morca_env import schedulers
 
     env = benchmark.make_env(ENV_ID)
+    curve, validate = [], None
+    if job["family"] != "rule" and getattr(args, "curve_points", 0):
+        validate = Validation(args.validation_references)
+    eval_s = 0.0
+
+    def checkpoint(policy, count):
+        nonlocal eval_s
+        t = time.perf_counter()
+        curve.append({"x": count, **validate(policy)})
+        eval_s += time.perf_counter() - t
+
     t0 = time.perf_counter()
     if job["family"] == "rule":
         policy = schedulers.make(job["rule"], env, **({"seed": job["seed"]} if job["rule"] in SEEDED_RULES else {}))
@@ -171,27 +251,36 @@ def run_job(job: dict, args) -> dict:
     elif job["family"] == "offline":
         track = "full" if job["method"] == "IQL (MORCA)" else track_of(job)  # the buffer the algorithm reads
         policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes, track), args.updates,
-                              job["seed"], track_of(job))
+                              job["seed"], track_of(job), curve_points(args.updates, getattr(args, "curve_points", 0)),
+                              checkpoint if validate else None)
         budget = f"{args.updates} updates on {args.episodes} episodes"
     else:
-        policy = online_policy(job, args, Path(args.out) / "train" / run_name(job))
+        policy = online_policy(job, args, Path(args.out) / "train" / run_name(job),
+                               curve_points(args.online_episodes, getattr(args, "curve_points", 0)),
+                               checkpoint if validate else None)
         budget = f"{args.online_episodes} env episodes" + (f" after {args.updates} offline updates"
                                                            if job["dataset"] != "-" else "")
-    train_s = time.perf_counter() - t0
+    if validate is not None:
+        x_final = args.updates if job["family"] == "offline" else args.online_episodes
+        if not curve or curve[-1]["x"] != x_final:  # the MORCA online trainers: their final point
+            checkpoint(policy, x_final)
+        validate.close()
+    train_s = time.perf_counter() - t0 - eval_s
     # a policy reading the scalars track's own observations plays in an env on that track (evaluate makes it)
     own_track = track_of(job) == "scalars" and benchmark.policy_track(policy) == "scalars"
     result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
                                 pair_step=args.pair_step)
     env.close()
     return {**job, "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
-            "played_on": result.observation,
+            "played_on": result.observation, "curve": curve,
+            "curve_x": "gradient updates" if job["family"] == "offline" else "env episodes",
             "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,
                                   "vs_best_fixed": s.vs_best_fixed, "projected": s.projected_per_episode}
                        for t, s in result.scores.items()}}
 
 
 # the settings a run's scores depend on: a rerun into the same --out with others would mix two protocols
-FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step")
+FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step", "curve_points")
 
 
 def finished_run(path: Path) -> dict | None:
@@ -218,6 +307,8 @@ def check_fingerprint(out: Path, args) -> None:
     mine = {k: getattr(args, k) for k in FINGERPRINT}
     if path.exists():
         theirs = json.loads(path.read_text())
+        # a board made before learning curves recorded none: it continues with --curve-points 0
+        theirs = {"curve_points": 0, **theirs}
         changed = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if changed:
             raise SystemExit(f"{out} holds runs made with other settings ("
@@ -241,6 +332,9 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=positive_int, default=1000, help="gradient updates of every offline algorithm")
     p.add_argument("--online-episodes", type=positive_int, default=48, help="env episodes of every online algorithm")
     p.add_argument("--pair-step", type=positive_int, default=2, help="score every n-th pair of the suite")
+    p.add_argument("--curve-points", type=int, default=4, choices=range(0, 9), metavar="{0..8}",
+                   help="learning-curve checkpoints per learned run, each at twice the updates (episodes) of the one "
+                        "before, scored on validation pairs of training prompts; 0: none")
     p.add_argument("--workers", type=worker_count, default=2)
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
     p.add_argument("--page", default=None, help="the Markdown page to write (default: <out>/leaderboard.md; the "
@@ -265,6 +359,9 @@ def main(argv=None) -> int:
         args.run_command = command_file.read_text().strip() if command_file.exists() else None
         if not args.report and todo:
             from tqdm import tqdm
+
+            if args.curve_points and any(j["family"] != "rule" for j in todo):
+                args.validation_references = validation_references(out)
 
             # the workers end with this process, even when it is killed -9 (a run would otherwise train on, orphaned)
             with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=exit_with_parent,

@@ -447,10 +447,11 @@ def evaluate(policy, env_id: str = "MorcaTiny-v0", *, env=None, targets=None, re
 # ---- references -------------------------------------------------------------------------------------------------
 
 def measure_references(env_id: str = "MorcaTiny-v0", *, env=None, progress: bool = True, seed: int = 0,
-                       best_fixed=None) -> dict:
+                       best_fixed=None, suite: Suite | None = None) -> dict:
     """Play the random feasible policy (seeded) and the best fixed schedule (the packaged `best-fixed`, or
-    `best_fixed`) on the whole suite: the 0 and 100 of the normalized score, per target and per episode."""
-    suite = suite_of(env_id)
+    `best_fixed`) on the whole suite (`suite`: another one, e.g. validation pairs of training prompts): the 0 and
+    100 of the normalized score, per target and per episode."""
+    suite = suite or suite_of(env_id)
     own_env = env is None
     env = make_env(env_id, suite) if own_env else env
     try:

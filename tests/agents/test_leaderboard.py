@@ -74,9 +74,12 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
     out = tmp_path / "lb"
     out.mkdir()
     (out / "settings.json").write_text(json.dumps({"episodes": 400, "updates": 1000, "online_episodes": 48,
-                                                   "pair_step": 40}))
+                                                   "pair_step": 40}))  # a board from before learning curves
     with pytest.raises(SystemExit, match=r"other settings \(--pair-step 40 -> 20\)"):
-        leaderboard.main(["--only", "rules", "--pair-step", "20", "--out", str(out), "--page", str(tmp_path / "p.md")])
+        leaderboard.main(["--only", "rules", "--pair-step", "20", "--curve-points", "0", "--out", str(out),
+                          "--page", str(tmp_path / "p.md")])
+    with pytest.raises(SystemExit, match=r"other settings \(--curve-points 0 -> 4\)"):  # it had no curves
+        leaderboard.main(["--only", "rules", "--pair-step", "40", "--out", str(out), "--page", str(tmp_path / "p.md")])
     assert not list((out / "runs").glob("*.json"))
 
 
@@ -187,9 +190,73 @@ def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkey
     monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
     args = argparse.Namespace(online_episodes=2, updates=6, pair_step=4, episodes=2, out=str(tmp_path))
     job = {"family": "online", "method": method, "dataset": "-", "seed": 0, "track": "scalars"}
-    policy = leaderboard.online_policy(job, args, tmp_path / "run")
-    if method == "MaskablePPO":  # sb3 trained on the scalars track's Dict
+    calls = []
+    policy = leaderboard.online_policy(job, args, tmp_path / "run", [1, 2], lambda model, n: calls.append(n))
+    if method == "MaskablePPO":  # sb3 trained on the scalars track's Dict, in chunks for its learning curve
         assert set(policy.observation_space.spaces) == {"scalars", "action_mask"}
+        assert calls == [1, 2] and policy.num_timesteps >= 2 * 10
     else:  # the MORCA policy network with its latent branch off: the paper's scalar state
         assert policy.network.trunk.branch3d is None and policy.network.trunk.branch2d is None
     assert leaderboard.run_job(job, args)["played_on"] == played_on
+
+
+def test_curve_checkpoints_double_up_to_the_budget():
+    assert leaderboard.curve_points(1000, 4) == [125, 250, 500, 1000]
+    assert leaderboard.curve_points(48, 4) == [6, 12, 24, 48]
+    assert leaderboard.curve_points(3, 4) == [1, 3] and leaderboard.curve_points(10, 0) == []
+
+
+def test_the_validation_pairs_are_disjoint_from_every_slice_the_board_trains_fits_or_selects_on():
+    from morca_env.data import CollectionRecipe
+    from morca_env.evaluation import benchmark
+    from morca_env.models.presets import get_preset
+    from morca_env.prompts import get_suite
+
+    validation = {p for p, _ in get_suite(leaderboard.VALIDATION_PROMPTS).pairs()}
+    assert len(validation) == 8
+    prompts = get_preset("tiny").prompts
+    used = [benchmark.suite_of("MorcaTiny-v0").train_pool, benchmark.suite_of("MorcaTiny-v0").prompts,
+            prompts.fit_fixed, prompts.select_on, prompts.anchor, prompts.trainers]
+    used += [CollectionRecipe.from_file(d).env_kwargs["prompts"] for d in leaderboard.DATASETS.values()]
+    used += ["tiny-train[5::22]"]  # the anchored data
+    for spec in used:
+        assert not validation & {p for p, _ in get_suite(spec).pairs()}, spec
+
+
+def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, monkeypatch):
+    from morca_env import schedulers
+    from morca_env.data import collect_dataset, to_replay_buffer
+    from morca_env.evaluation import benchmark
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    data = collect_dataset("test/tiny/curve-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
+        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
+        progress=False)
+    monkeypatch.setattr(leaderboard, "buffer_of", lambda dataset, episodes, track="full": to_replay_buffer(data))
+    env = benchmark.make_env("MorcaTinyRandom-v0", leaderboard.validation_suite())
+    refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=schedulers.make("uniform", env),
+                                        suite=leaderboard.validation_suite(), progress=False)
+    env.close()
+    args = argparse.Namespace(episodes=2, updates=4, pair_step=4, curve_points=2, validation_references=refs)
+    record = leaderboard.run_job({"family": "offline", "method": "DiscreteCQL", "dataset": "random", "seed": 0,
+                                  "track": "full"}, args)
+    assert [p["x"] for p in record["curve"]] == [2, 4] and record["curve_x"] == "gradient updates"
+    assert all(np.isfinite(p["normalized"]) and set(p["per_target"]) == {"2", "3"} for p in record["curve"])
+
+
+def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path):
+    def with_curve(method, seed, points):
+        return {**run(method, seed, (0.0, 0.0)), "curve": [{"x": x, "normalized": v} for x, v in points]}
+
+    results = [with_curve("Flat", s, [(1, 10.0 + s), (2, 50.0 + s), (4, 51.0 + s)]) for s in range(3)]
+    results += [with_curve("Rising", s, [(1, 0.0 + s), (2, 20.0 + s), (4, 60.0 + s)]) for s in range(3)]
+    args = argparse.Namespace(seeds=3, pair_step=2, updates=4, episodes=4, online_episodes=2, run_command=None,
+                              command="morca leaderboard")
+    page = tmp_path / "board.md"
+    leaderboard_report.write_page(results, args, page)
+    rows = {line.split(" | ")[1]: line.split(" | ")[-1].strip(" |") for line in page.read_text().splitlines()
+            if line.startswith("| ") and line[2].isdigit()}
+    assert rows == {"Flat on mixture": "yes", "Rising on mixture": "no"}
+    assert (tmp_path / "board_curves.png").stat().st_size > 1000
