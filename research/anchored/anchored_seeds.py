@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--targets", type=float, nargs="+", default=[2.0, 2.5, 3.0, 3.25],
                    help="3.25x lies in the band the anchored data leaves out (3.1x-3.4x): K it was not trained on")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--stages", nargs="+", choices=("offline", "online"), default=["offline", "online"],
+                   help="which checkpoints of each seed play the evaluation (online: the recipe's final one)")
     p.add_argument("--baselines", nargs="+", default=["best-fixed", "uniform", "seacache-exact"],
                    help="rules played beside the seeds (best-fixed is the reference of every paired difference)")
     p.add_argument("--probe-seeds", type=int, nargs="*", default=[],
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     baselines = ["best-fixed", *(b for b in args.baselines if b != "best-fixed")]
     methods = {name: (lambda env, name=name: schedulers.make(name, env)) for name in baselines}
     for seed in args.seeds:
-        for stage in ("offline", "online"):
+        for stage in args.stages:
             path = args.out / f"seed{seed}" / stage / "anchored.safetensors"
             make = lambda env, path=path: schedulers.make("morca", env, path=str(path))  # noqa: E731
             make.checkpoint = path
