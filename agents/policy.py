@@ -187,7 +187,7 @@ class MorcaEnsemble:
 
 
 # the anchored recipe's scheduler per model (agents/trained/README.md); a model without one has no default "morca"
-SHIPPED = {"tiny": "trained/morca-tiny-v0.safetensors"}
+SHIPPED = {"tiny": "trained/morca-tiny-v0.safetensors", "scenes": "trained/morca-scenes-v0.safetensors"}
 
 
 def shipped_checkpoint(model: str = "tiny") -> str:
@@ -203,7 +203,8 @@ def shipped_checkpoint(model: str = "tiny") -> str:
 @register("morca", learned=True, needs_env=True, checkpoint_suffixes=(".safetensors", ".d3"))
 def load_morca(path=None, env=None, **options):
     """The registry's "morca": without `path`, the scheduler shipped for `env`'s model (MorcaTiny-v0's without an
-    env; another model without one is refused by name, as its best fixed schedule and data differ); else a
+    env; MorcaScenes-v0 has its own; a model without one is refused by name, as its best fixed schedule and data
+    differ); else a
     checkpoint, an anchored one (`agents.anchored.AnchoredPolicy`, `margin=` overrides its own) or a plain one
     (`MorcaPolicy`), or several plain ones, comma-separated (`MorcaEnsemble`); `trusted=True` admits legacy `.d3`
     pickles."""

@@ -100,6 +100,9 @@ def reference_returns_at(env_id: str, k: int, r_max: float, references: dict | s
         measured = sorted(int(x) for x in refs["ks"])
         raise ValueError(f"K={k} has no reference on {env_id}; measured: {measured[0]} to {measured[-1]}")
     low, high = (float(np.mean(np.minimum(entry[m]["psnr"], r_max))) for m in REFERENCE_METHODS)
+    if high <= low:  # beyond the K the fixed schedules were fitted at, the moved schedule can lose to random
+        raise ValueError(f"K={k} on {env_id}: the best fixed schedule ({high:.2f}) does not beat a random one "
+                         f"({low:.2f}) there, so the scale has no meaning; valid: K where it does")
     return low, high
 
 

@@ -347,6 +347,28 @@ def test_the_shipped_scheduler_loads_without_a_path_and_drives_accelerate():
         assert result.schedule == policy.baseline.plan(spec, 30)
 
 
+def test_morca_scenes_gets_its_own_shipped_scheduler_around_its_own_best_fixed_schedule():
+    from morca_env import schedulers
+
+    from agents.checkpoint import verify
+    from agents.policy import shipped_checkpoint
+
+    verify(shipped_checkpoint("scenes"))
+    env = gym.make("MorcaScenes-v0", lpips=False)
+    policy = schedulers.make("morca", env)
+    assert isinstance(policy, AnchoredPolicy) and "MorcaScenes-v0" in policy.baseline.source
+    assert policy.reads_latents  # the state that can see the content
+    trajectory = morca_env.rollout(env, policy, {"prompt": "one red circle racing left on a striped background",
+                                                 "seed": 0, "budget": 30})
+    assert trajectory.num_reuse == 30
+    if policy.margin == math.inf:  # "never leave": MorcaScenes' best fixed schedule, action for action
+        best = schedulers.make("best-fixed", env)
+        again = morca_env.rollout(env, best, {"prompt": "one red circle racing left on a striped background",
+                                              "seed": 0, "budget": 30})
+        assert trajectory.info["schedule"] == again.info["schedule"]
+    env.close()
+
+
 def test_a_margin_for_a_plain_checkpoint_is_refused_and_a_shipped_one_holds_no_optimizer_state(tmp_path):
     from morca_env import schedulers
 

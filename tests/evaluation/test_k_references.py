@@ -53,3 +53,19 @@ def test_a_datasets_episodes_are_each_scored_at_their_relabelled_k(refs, tmp_pat
     scores = k_references.normalized_returns(dataset, wide)
     expected = [k_references.normalized_return(TEST_ENV, k, r, 50.0, wide) for k, r in zip(ks, returns)]
     np.testing.assert_allclose(scores, expected)
+
+
+def test_a_k_where_the_best_fixed_schedule_does_not_beat_random_has_no_scale(refs):
+    same = refs["ks"]["4"]["random"]  # the best fixed schedule no better than random at K = 4
+    broken = {**refs, "ks": {**refs["ks"], "4": {"random": same, "best-fixed": same}}}
+    with pytest.raises(ValueError, match="K=4 on MorcaTinyRandom-v0: the best fixed schedule"):
+        k_references.normalized_return(TEST_ENV, 4, 30.0, 50.0, broken)
+
+
+def test_the_shipped_per_k_references_cover_the_datasets_ranges():
+    for env_id, (low, high) in {"MorcaTiny-v0": (20, 43), "MorcaScenes-v0": (18, 41)}.items():
+        refs = k_references.load_k_references(env_id)
+        assert sorted(int(k) for k in refs["ks"]) == list(range(low, high + 1))
+        assert refs["num_pairs"] == 10
+    low, high = k_references.reference_returns_at("MorcaTiny-v0", 30, 50.0)
+    assert 15 < low < high < 50
