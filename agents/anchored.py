@@ -184,10 +184,10 @@ class AnchoredPolicy:
         # margin "never", deterministic: the baseline itself, acting through its own lookup (see __call__)
         self._plays_baseline = self.margin == NEVER and self.deterministic and not self.gains_only
         self._schedule, self._num_steps = self.baseline.schedule, self.baseline.num_steps
-        if self.reads_latents and not np.any(obs["pooled"]):
-            raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has none: "
-                             "the env was made with latent_features=False; use latent_features=True")
-        if not self._plays_baseline:  # the baseline itself reads no network
+        if not self._plays_baseline:  # the baseline itself reads no network, so it needs no latent features
+            if self.reads_latents and not np.any(obs["pooled"]):
+                raise ValueError("this scheduler reads latent features (pooled/temporal) but the observation has "
+                                 "none: the env was made with latent_features=False; use latent_features=True")
             check_observation_shapes(self.algo.impl.observation_shape, obs, getattr(self, "source", "this scheduler"),
                                      extra_scalars=1, reads_latents=self.reads_latents)
 

@@ -366,6 +366,11 @@ def test_morca_scenes_gets_its_own_shipped_scheduler_around_its_own_best_fixed_s
         again = morca_env.rollout(env, best, {"prompt": "one red circle racing left on a striped background",
                                               "seed": 0, "budget": 30})
         assert trajectory.info["schedule"] == again.info["schedule"]
+        lean = gym.make("MorcaScenes-v0", lpips=False, latent_features=False)  # as the quickstart evaluates it
+        assert morca_env.rollout(lean, schedulers.make("morca", lean), {
+            "prompt": "one red circle racing left on a striped background", "seed": 0, "budget": 30}
+        ).info["schedule"] == again.info["schedule"]
+        lean.close()
     env.close()
 
 
