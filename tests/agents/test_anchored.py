@@ -370,6 +370,8 @@ def test_morca_scenes_gets_its_own_shipped_scheduler_around_its_own_best_fixed_s
         assert morca_env.rollout(lean, schedulers.make("morca", lean), {
             "prompt": "one red circle racing left on a striped background", "seed": 0, "budget": 30}
         ).info["schedule"] == again.info["schedule"]
+        with pytest.raises(ValueError, match="reads latent features .* but the observation has none"):
+            morca_env.rollout(lean, schedulers.make("morca", lean, margin=0.0), {"seed": 0, "budget": 30})
         lean.close()
     env.close()
 
