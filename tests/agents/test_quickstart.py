@@ -23,7 +23,8 @@ def test_scenes_quickstart_uses_the_scenes_recipe_prompts_and_env_in_every_step(
     for argv in (finetune, anchor, evaluate):
         assert argv[argv.index("--env") + 1] == "MorcaScenes-v0", argv
     methods = evaluate[evaluate.index("--methods") + 1:]
-    assert not any(m.startswith("morca-shipped=") for m in methods)  # no MorcaScenes scheduler ships yet
+    shipped = [m for m in methods if m.startswith("morca-shipped=")]  # MorcaScenes' own shipped scheduler
+    assert len(shipped) == 1 and shipped[0].endswith("morca-scenes-v0.safetensors")
     assert not any("tiny" in str(a) for argv in calls for a in argv)
 
 
