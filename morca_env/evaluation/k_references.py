@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import schedulers
-from ..utils.io import atomic_write_text
-from .benchmark import PSNR_CAP, REFERENCE_METHODS, make_env, suite_of
+from .benchmark import PSNR_CAP, REFERENCE_METHODS, make_env, save_references, suite_of
 
 K_REFERENCES_FILE = "benchmark_k_references.json"
 
@@ -70,11 +69,7 @@ def _packaged_path() -> Path:
 
 def save_k_references(refs: dict, path: Path | None = None) -> Path:
     """Merge one env's per-K references into the JSON file at `path` (the packaged one by default), atomically."""
-    path = Path(path) if path is not None else _packaged_path()
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data[refs["env_id"]] = refs
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
-    return path
+    return save_references(refs, _packaged_path() if path is None else path)
 
 
 def load_k_references(env_id: str, references: dict | str | Path = "packaged") -> dict:
