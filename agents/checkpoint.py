@@ -102,47 +102,58 @@ def is_safe_format(path: str | Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < Path(path).stat().st_size
 
 
-def _encode(value, key: str, tensors: dict):
-    """A nested state (dicts, lists, tuples, tensors, arrays, numbers, strings) as JSON with tagged tensors."""
-    if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
-        return {"tensor": key}
-    if isinstance(value, np.ndarray):
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(value).copy())
-        return {"ndarray": key}
+def _encode(value, key: str, tensors: dict, seen: dict | None = None):
+    """A nested state (dicts, lists, tuples, tensors, arrays, numbers, strings) as JSON with tagged tensors.
+
+    A tensor equal to one already stored (dtype, shape and bytes) is stored once and referenced by that one's name:
+    an encoder shared by IQL's critics and value appears in each network's state dict, and would be stored each
+    time (loading copies values into each network, so sharing the read tensor is safe)."""
+    seen = {} if seen is None else seen
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        tensor = (value.detach().cpu().contiguous().clone() if isinstance(value, torch.Tensor)  # clone: safetensors
+                  else torch.from_numpy(np.ascontiguousarray(value).copy()))  # refuses shared storage
+        fingerprint = (str(tensor.dtype), tuple(tensor.shape),
+                       hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
+        name = seen.setdefault(fingerprint, key)
+        if name == key:
+            tensors[key] = tensor
+        return {"tensor" if isinstance(value, torch.Tensor) else "ndarray": name}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
-            return {"dict": {k: _encode(v, f"{key}/{k}", tensors) for k, v in value.items()}}
-        return {"items": [[_encode(k, f"{key}/key{i}", tensors), _encode(v, f"{key}/{k}", tensors)]
+            return {"dict": {k: _encode(v, f"{key}/{k}", tensors, seen) for k, v in value.items()}}
+        return {"items": [[_encode(k, f"{key}/key{i}", tensors, seen), _encode(v, f"{key}/{k}", tensors, seen)]
                           for i, (k, v) in enumerate(value.items())]}
     if isinstance(value, tuple):
-        return {"tuple": [_encode(v, f"{key}/{i}", tensors) for i, v in enumerate(value)]}
+        return {"tuple": [_encode(v, f"{key}/{i}", tensors, seen) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_encode(v, f"{key}/{i}", tensors) for i, v in enumerate(value)]
+        return [_encode(v, f"{key}/{i}", tensors, seen) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise CheckpointError(f"state entry {key!r} is a {type(value).__name__}, which a safe checkpoint cannot hold "
                           "(tensors, arrays, numbers, strings, lists, tuples and dicts only)")
 
 
-def _decode(value, tensors: dict):
+def _decode(value, tensors: dict, handed: set | None = None):
+    """The state `_encode` wrote; a tensor stored once for several entries is a separate copy in each, so that an
+    in-place update of one (an optimizer's step counter) never changes another."""
+    handed = set() if handed is None else handed
     if isinstance(value, list):
-        return [_decode(v, tensors) for v in value]
+        return [_decode(v, tensors, handed) for v in value]
     if not isinstance(value, dict):
         return value
     (tag, inner), = value.items()
-    if tag == "tensor":
-        return tensors[inner]
-    if tag == "ndarray":
-        return tensors[inner].numpy()
+    if tag in ("tensor", "ndarray"):
+        tensor = tensors[inner].clone() if inner in handed else tensors[inner]
+        handed.add(inner)
+        return tensor if tag == "tensor" else tensor.numpy()
     if tag == "dict":
-        return {k: _decode(v, tensors) for k, v in inner.items()}
+        return {k: _decode(v, tensors, handed) for k, v in inner.items()}
     if tag == "items":
-        return {_decode(k, tensors): _decode(v, tensors) for k, v in inner}
+        return {_decode(k, tensors, handed): _decode(v, tensors, handed) for k, v in inner}
     if tag == "tuple":
-        return tuple(_decode(v, tensors) for v in inner)
+        return tuple(_decode(v, tensors, handed) for v in inner)
     raise ValueError(f"unknown entry tag {tag!r}")
 
 

@@ -103,6 +103,32 @@ def test_a_shared_critic_encoder_round_trips_and_stays_shared(tmp_path):
         assert torch.equal(modules.value_func(tensors), algo.impl.modules.value_func(tensors))
 
 
+def test_a_shared_encoder_is_stored_once_and_read_back_as_separate_tensors(tmp_path):
+    """IQL's critics and value list one shared encoder in each state dict: the file holds it once, and each
+    entry reads back as its own tensor (an in-place update of one, an optimizer's step counter, leaves the
+    others alone)."""
+    algo = DiscreteIQLConfig(batch_size=16, shared_critic_encoder=True).create(device="cpu")
+    algo.fit(synthetic_buffer(), n_steps=3, n_steps_per_epoch=3, show_progress=False, save_interval=10**6,
+             logger_adapter=quiet())
+    path = save_learnable(algo, tmp_path / "shared.safetensors", optimizers=False)
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        stored = list(f.keys())
+    encoder = [k for k in stored if "_encoder." in k and k.endswith("weight")]
+    assert encoder and not any(k.startswith(("state/q_funcs/1", "state/value_func")) for k in encoder)
+    state = load_state(path).state
+    first, second = (state["q_funcs"][f"{i}._encoder.encoder.trunk.mlp.0.weight"] for i in (0, 1))
+    assert torch.equal(first, second) and first.data_ptr() != second.data_ptr()
+    steps = load_state(save_state({"a": {"step": torch.tensor(3.0)}, "b": {"step": torch.tensor(3.0)}},
+                                  tmp_path / "steps.safetensors", "reinforce")).state
+    steps["a"]["step"] += 1
+    assert steps["b"]["step"].item() == 3.0
+    loaded = load_learnable(path)
+    obs = observations()
+    assert np.array_equal(loaded.predict(obs), algo.predict(obs))
+
+
 def test_nested_state_keeps_its_types(tmp_path):
     state = {"w": torch.arange(6, dtype=torch.float16).reshape(2, 3), "opt": {0: {"step": torch.tensor(3.0)}},
              "betas": (0.9, 0.999), "history": [{"psnr": 21.5}], "baseline": None, "arr": np.arange(3),
