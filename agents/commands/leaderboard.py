@@ -8,7 +8,9 @@ Every run is scored by `morca_env.evaluation.benchmark.evaluate` on MorcaTiny-v0
 same K, paired to the shipped references; `--pair-step 2` scores every second pair).
 Training budgets, common to a family: offline algorithms `--updates` gradient updates
 on the first `--episodes` of a dataset; online ones `--online-episodes` environment
-episodes (offline-to-online IQL: both). Each learned method runs on each observation track (`--tracks`): "full",
+episodes (offline-to-online IQL: both). Every method discounts as the env does (gamma 1), and the value-based ones
+learn from `--n-step`-step returns (default: the whole episode, Monte-Carlo); every other setting is the
+library's default. Each learned method runs on each observation track (`--tracks`): "full",
 the paper's state with latent features, and "scalars", its seven scalars and the mask (the MORCA networks with
 no latent branch; the other algorithms on the scalars track's own observations). Each run is one JSON file under `--out`
 (written when done), so a crash or a stop loses at most the runs in flight. Each learned run also records its
@@ -45,6 +47,9 @@ RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-
          "always recompute (masked)": "always-recompute", "always reuse (masked)": "always-reuse",
          "coin flip (masked)": "coin-flip"}
 SEEDED_RULES = ("random", "coin-flip")
+# the env's discount: the reward is the terminal PSNR alone, so every step's decision counts in full (d3rlpy's and
+# sb3's default 0.99 would weigh a step's effect on the end by how far the end is)
+GAMMA = 1.0
 OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
 ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
 
@@ -84,7 +89,7 @@ def run_name(job: dict) -> str:
     return "".join(c if c.isalnum() else "_" for c in f"{job['method']}__{job['dataset']}__s{job['seed']}{track}")
 
 
-def buffer_of(dataset: str, episodes: int, track: str = "full"):
+def buffer_of(dataset: str, episodes: int, track: str = "full", n_step: int = 1):
     from morca_env.data import CollectionRecipe, to_replay_buffer
     from morca_env.data.integrity import load_dataset
 
@@ -92,11 +97,12 @@ def buffer_of(dataset: str, episodes: int, track: str = "full"):
     if data.total_episodes < episodes:
         raise SystemExit(f"{dataset}: {data.total_episodes} episodes collected, --episodes {episodes} asked; run "
                          f"morca collect {DATASETS[dataset]} --episodes {episodes}")
-    return to_replay_buffer(data, episode_indices=list(range(episodes)),  # flat, one-step TD
+    return to_replay_buffer(data, episode_indices=list(range(episodes)), n_step=n_step,  # flat
                             track=None if track == "full" else track)
 
 
-def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full", checkpoints=(), on_checkpoint=None):
+def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full", checkpoints=(), on_checkpoint=None,
+                 gamma: float = GAMMA):
     """`method` trained on `buffer`: the MORCA IQL reads the full track's flat buffer, its latent branch off on the
     scalars track (the paper's scalar state); the others read the track's own flat observations. At each update
     count in `checkpoints`, `on_checkpoint(policy, updates_so_far)` (the learning curve)."""
@@ -113,7 +119,7 @@ def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "ful
     configs = {"IQL (MORCA)": shared, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
                "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
                "DQN (offline)": d3rlpy.algos.DQNConfig}
-    algo = configs[method]().create(device="cpu")
+    algo = configs[method](gamma=gamma).create(device="cpu")  # every other setting: the library's default
     wrap = (lambda a: agents.MorcaPolicy(a)) if method == "IQL (MORCA)" else (lambda a: a)
     done = 0
     for stop in sorted({*(c for c in checkpoints if 0 < c < updates), updates}):
@@ -192,6 +198,7 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
 
         algo, options = ((MaskablePPO, {"n_steps": 250, "batch_size": 50}) if method == "MaskablePPO" else
                          (DQN, {"learning_starts": 250, "buffer_size": steps}))
+        options["gamma"] = GAMMA
         model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu", **options)
         done = 0
         for stop in sorted({*(c for c in checkpoints if 0 < c < episodes), episodes}):
@@ -213,12 +220,12 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
         return trainer.policy()
     offline, buffer = None, None
     if method == "IQL offline-to-online":
-        buffer = buffer_of(job["dataset"], args.episodes)
+        buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
         offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track).algo
     rounds = 4
     config = OnlineConfig(rounds=rounds, trajectories_per_round=episodes // rounds, warmup_epochs=1, joint_epochs=2,
                           max_steps_per_epoch=args.updates // (3 * rounds), speedup_range=speedups, seed=seed,
-                          features=features)
+                          features=features, n_step=getattr(args, "n_step", 1))
     trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
     trainer.run()
     return agents.MorcaPolicy(trainer.algo)
@@ -250,7 +257,7 @@ def run_job(job: dict, args) -> dict:
         budget = "none (a fixed rule)"
     elif job["family"] == "offline":
         track = "full" if job["method"] == "IQL (MORCA)" else track_of(job)  # the buffer the algorithm reads
-        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes, track), args.updates,
+        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes, track, getattr(args, "n_step", 1)), args.updates,
                               job["seed"], track_of(job), curve_points(args.updates, getattr(args, "curve_points", 0)),
                               checkpoint if validate else None)
         budget = f"{args.updates} updates on {args.episodes} episodes"
@@ -280,7 +287,7 @@ def run_job(job: dict, args) -> dict:
 
 
 # the settings a run's scores depend on: a rerun into the same --out with others would mix two protocols
-FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step", "curve_points")
+FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step", "curve_points", "n_step")
 
 
 def finished_run(path: Path) -> dict | None:
@@ -308,7 +315,8 @@ def check_fingerprint(out: Path, args) -> None:
     if path.exists():
         theirs = json.loads(path.read_text())
         # a board made before learning curves recorded none: it continues with --curve-points 0
-        theirs = {"curve_points": 0, **theirs}
+        # and one made before the return horizon was a setting trained on one-step TD
+        theirs = {"curve_points": 0, "n_step": 1, **theirs}
         changed = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if changed:
             raise SystemExit(f"{out} holds runs made with other settings ("
@@ -335,6 +343,11 @@ def main(argv=None) -> int:
     p.add_argument("--curve-points", type=int, default=4, choices=range(0, 9), metavar="{0..8}",
                    help="learning-curve checkpoints per learned run, each at twice the updates (episodes) of the one "
                         "before, scored on validation pairs of training prompts; 0: none")
+    p.add_argument("--n-step", type=positive_int, default=50,
+                   help="return horizon of the value-based methods' targets, gamma 1 (morca_env.data.transition_picker): "
+                        "50, the episode, makes each target the episode's own return (Monte-Carlo); 1: one-step TD, "
+                        "the paper's, whose terminal-only reward takes d3rlpy's target network (updated every 8000 "
+                        "updates by default) longer than the board's budget to propagate")
     p.add_argument("--workers", type=worker_count, default=2)
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
     p.add_argument("--page", default=None, help="the Markdown page to write (default: <out>/leaderboard.md; the "

@@ -76,10 +76,11 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
     (out / "settings.json").write_text(json.dumps({"episodes": 400, "updates": 1000, "online_episodes": 48,
                                                    "pair_step": 40}))  # a board from before learning curves
     with pytest.raises(SystemExit, match=r"other settings \(--pair-step 40 -> 20\)"):
-        leaderboard.main(["--only", "rules", "--pair-step", "20", "--curve-points", "0", "--out", str(out),
+        leaderboard.main(["--only", "rules", "--pair-step", "20", "--curve-points", "0", "--n-step", "1", "--out", str(out),
                           "--page", str(tmp_path / "p.md")])
     with pytest.raises(SystemExit, match=r"other settings \(--curve-points 0 -> 4\)"):  # it had no curves
-        leaderboard.main(["--only", "rules", "--pair-step", "40", "--out", str(out), "--page", str(tmp_path / "p.md")])
+        leaderboard.main(["--only", "rules", "--pair-step", "40", "--n-step", "1", "--out", str(out),
+                          "--page", str(tmp_path / "p.md")])
     assert not list((out / "runs").glob("*.json"))
 
 
@@ -164,7 +165,7 @@ def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_
         progress=False)
     seen = []
 
-    def buffer_of(dataset, episodes, track="full"):
+    def buffer_of(dataset, episodes, track="full", n_step=1):
         seen.append(track)
         return to_replay_buffer(data, track=None if track == "full" else track)
 
@@ -182,6 +183,53 @@ def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_
     config = trained[-1].algo.config
     assert config.shared_critic_encoder and config.critic_encoder_factory.features == ""
     assert not trained[-1].reads_latents
+
+
+def test_the_value_methods_learn_from_the_boards_return_horizon_with_the_envs_discount(tmp_path, monkeypatch):
+    from morca_env.data import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    data = collect_dataset("test/tiny/horizon-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
+        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
+        progress=False)
+    horizons, trained = [], []
+
+    def buffer_of(dataset, episodes, track="full", n_step=1):
+        horizons.append(n_step)
+        return to_replay_buffer(data, track=None if track == "full" else track, n_step=n_step)
+
+    original = leaderboard.offline_algo
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    monkeypatch.setattr(leaderboard, "buffer_of", buffer_of)
+    monkeypatch.setattr(leaderboard, "offline_algo", lambda *a, **k: trained.append(original(*a, **k)) or trained[-1])
+    args = argparse.Namespace(episodes=2, updates=2, pair_step=4, n_step=50)
+    leaderboard.run_job({"family": "offline", "method": "DQN (offline)", "dataset": "random", "seed": 0,
+                         "track": "scalars"}, args)
+    assert horizons == [50] and trained[-1].config.gamma == 1.0  # d3rlpy's default is 0.99
+    with pytest.raises(SystemExit):
+        leaderboard.main(["--n-step", "0", "--out", str(tmp_path / "lb")])
+
+
+def test_the_sb3_methods_learn_with_the_envs_discount(tmp_path, monkeypatch):
+    pytest.importorskip("sb3_contrib")
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    args = argparse.Namespace(online_episodes=1, updates=6, pair_step=4, episodes=2, out=str(tmp_path))
+    for method in ("MaskablePPO", "DQN (sb3)"):
+        job = {"family": "online", "method": method, "dataset": "-", "seed": 0, "track": "scalars"}
+        assert leaderboard.online_policy(job, args, tmp_path / method).gamma == 1.0  # sb3's default is 0.99
+
+
+def test_a_board_from_before_the_return_horizon_continues_only_with_one_step_td(tmp_path):
+    out = tmp_path / "lb"
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps({"episodes": 400, "updates": 1000, "online_episodes": 48,
+                                                   "pair_step": 40, "curve_points": 0}))
+    with pytest.raises(SystemExit, match=r"other settings \(--n-step 1 -> 50\)"):
+        leaderboard.main(["--only", "rules", "--pair-step", "40", "--curve-points", "0", "--out", str(out),
+                          "--page", str(tmp_path / "p.md")])
+    leaderboard.check_fingerprint(out, argparse.Namespace(episodes=400, updates=1000, online_episodes=48,
+                                                          pair_step=40, curve_points=0, n_step=1))
 
 
 @pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("REINFORCE", "full")])
@@ -234,7 +282,7 @@ def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, 
     data = collect_dataset("test/tiny/curve-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
         "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
         progress=False)
-    monkeypatch.setattr(leaderboard, "buffer_of", lambda dataset, episodes, track="full": to_replay_buffer(data))
+    monkeypatch.setattr(leaderboard, "buffer_of", lambda dataset, episodes, track="full", n_step=1: to_replay_buffer(data))
     env = benchmark.make_env("MorcaTinyRandom-v0", leaderboard.validation_suite())
     refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=schedulers.make("uniform", env),
                                         suite=leaderboard.validation_suite(), progress=False)
