@@ -257,7 +257,8 @@ def run_job(job: dict, args) -> dict:
         budget = "none (a fixed rule)"
     elif job["family"] == "offline":
         track = "full" if job["method"] == "IQL (MORCA)" else track_of(job)  # the buffer the algorithm reads
-        policy = offline_algo(job["method"], buffer_of(job["dataset"], args.episodes, track, getattr(args, "n_step", 1)), args.updates,
+        buffer = buffer_of(job["dataset"], args.episodes, track, getattr(args, "n_step", 1))
+        policy = offline_algo(job["method"], buffer, args.updates,
                               job["seed"], track_of(job), curve_points(args.updates, getattr(args, "curve_points", 0)),
                               checkpoint if validate else None)
         budget = f"{args.updates} updates on {args.episodes} episodes"
@@ -344,7 +345,8 @@ def main(argv=None) -> int:
                    help="learning-curve checkpoints per learned run, each at twice the updates (episodes) of the one "
                         "before, scored on validation pairs of training prompts; 0: none")
     p.add_argument("--n-step", type=positive_int, default=50,
-                   help="return horizon of the value-based methods' targets, gamma 1 (morca_env.data.transition_picker): "
+                   help="return horizon of the value-based methods' targets, gamma 1 "
+                        "(morca_env.data.transition_picker): "
                         "50, the episode, makes each target the episode's own return (Monte-Carlo); 1: one-step TD, "
                         "the paper's, whose terminal-only reward takes d3rlpy's target network (updated every 8000 "
                         "updates by default) longer than the board's budget to propagate")

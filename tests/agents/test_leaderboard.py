@@ -76,7 +76,8 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run(tmp_path):
     (out / "settings.json").write_text(json.dumps({"episodes": 400, "updates": 1000, "online_episodes": 48,
                                                    "pair_step": 40}))  # a board from before learning curves
     with pytest.raises(SystemExit, match=r"other settings \(--pair-step 40 -> 20\)"):
-        leaderboard.main(["--only", "rules", "--pair-step", "20", "--curve-points", "0", "--n-step", "1", "--out", str(out),
+        leaderboard.main(["--only", "rules", "--pair-step", "20", "--curve-points", "0", "--n-step", "1",
+                          "--out", str(out),
                           "--page", str(tmp_path / "p.md")])
     with pytest.raises(SystemExit, match=r"other settings \(--curve-points 0 -> 4\)"):  # it had no curves
         leaderboard.main(["--only", "rules", "--pair-step", "40", "--n-step", "1", "--out", str(out),
@@ -282,7 +283,8 @@ def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, 
     data = collect_dataset("test/tiny/curve-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
         "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
         progress=False)
-    monkeypatch.setattr(leaderboard, "buffer_of", lambda dataset, episodes, track="full", n_step=1: to_replay_buffer(data))
+    monkeypatch.setattr(leaderboard, "buffer_of",
+                        lambda dataset, episodes, track="full", n_step=1: to_replay_buffer(data))
     env = benchmark.make_env("MorcaTinyRandom-v0", leaderboard.validation_suite())
     refs = benchmark.measure_references("MorcaTinyRandom-v0", env=env, best_fixed=schedulers.make("uniform", env),
                                         suite=leaderboard.validation_suite(), progress=False)
