@@ -143,6 +143,15 @@ def test_a_leaderboard_killed_9_takes_its_workers_with_it(tmp_path):
             parent.kill()
 
 
+def test_the_papers_recipe_trains_on_the_quickstarts_data_when_the_board_has_it():
+    def recipe_runs(datasets):
+        args = argparse.Namespace(only=["offline", "online"], seeds=1, datasets=datasets, tracks=["scalars"])
+        return {j["dataset"] for j in leaderboard.jobs(args) if j["method"] == "IQL offline-to-online"}
+
+    assert recipe_runs(["random", "anchored"]) == {"anchored"}
+    assert recipe_runs(["random", "mixture"]) == {"random"}  # else the first dataset, the one completed first
+
+
 def test_learned_methods_run_on_each_track_and_full_track_runs_keep_their_names():
     args = argparse.Namespace(only=["rules", "offline", "online"], seeds=1, datasets=["random"],
                               tracks=["full", "scalars"])
