@@ -296,8 +296,12 @@ FINGERPRINT = ("episodes", "updates", "online_episodes", "pair_step", "curve_poi
 
 
 def finished_run(path: Path) -> dict | None:
-    """A run file's record when it is whole and every score finite; else None (named on stderr), so it reruns."""
+    """A run file's record when it is whole and every score finite; else None (named on stderr when the file
+    exists: a run not made yet is no news), so it reruns."""
     import math
+
+    if not path.exists():
+        return None
 
     try:
         record = json.loads(path.read_text())

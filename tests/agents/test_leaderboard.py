@@ -103,6 +103,11 @@ def test_a_damaged_or_non_finite_run_file_is_named_and_not_counted_as_done(tmp_p
     assert str(path) in capsys.readouterr().err
 
 
+def test_a_run_not_made_yet_is_to_do_without_a_word(tmp_path, capsys):
+    assert leaderboard.finished_run(tmp_path / "run.json") is None
+    assert capsys.readouterr().err == ""
+
+
 def test_failed_runs_give_a_non_zero_exit(tmp_path, monkeypatch):
     monkeypatch.setattr(leaderboard, "RULES", {"a rule that does not exist": "no-such-rule"})
     code = leaderboard.main(["--only", "rules", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "lb"),
