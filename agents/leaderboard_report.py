@@ -60,6 +60,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     from rliable import library as rly
     from rliable import metrics
 
+    from agents.commands.leaderboard import hyperparameters
     from morca_env.utils.io import atomic_path, atomic_write_text
 
     groups = by_method(results, args.seeds)
@@ -87,6 +88,12 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              "rules are deterministic (random feasible: one run per seed). Learned methods run on each observation "
              "track: the full state, and \"[scalars]\", the seven scalars and the mask (a rule reads only those: one "
              "row serves both tracks).", "",
+             "Settings, read from the configs the board builds (every other setting is the library's default; the "
+             "value-based methods' targets are n-step returns, and at n-step 50 each is the episode's own return):",
+             "", "| method | settings |", "|---|---|",
+             *(f"| {method} | {text} |" for method, text in hyperparameters(getattr(args, "n_step", 1),
+                                                                              args.online_episodes, args.updates)),
+             "",
              "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
              + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run | plateau |",
              "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|---|"]
@@ -104,6 +111,9 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     lines += ["", f"Top: **{top}**" + (" — a rule, not a learned scheduler." if family == "rule" else "."), ""]
     learned = [k for k in ranked if groups[k][0]["family"] != "rule"]
     random_iqm = next((float(overall[k][0]) for k in ranked if groups[k][0].get("rule") == "random"), None)
+    above = [k for k in learned if random_iqm is not None and float(overall[k][0]) >= random_iqm]
+    if above:
+        lines += [f"At or above the random feasible schedule ({random_iqm:.1f}): " + ", ".join(above) + ".", ""]
     if learned and random_iqm is not None and all(float(overall[k][0]) < random_iqm for k in learned):
         lines += [f"At these budgets no learned method reaches even the random feasible schedule ({random_iqm:.1f}): "
                   "the vanilla ones also ask for many infeasible actions (the projected column: the env overrides "

@@ -115,15 +115,7 @@ def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "ful
     import agents
 
     d3rlpy.seed(seed)
-    # IQL's twin Q and V share one encoder: the paper's architecture allows it, and it halves the update cost
-    # (perf/bench_update_cost.py), so the board's common budget buys the method more of what it needs
-    encoder = agents.MorcaEncoderFactory(features="" if track == "scalars" else "p3,mean,var")
-    shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True, actor_encoder_factory=encoder,
-                               critic_encoder_factory=encoder, value_encoder_factory=encoder)
-    configs = {"IQL (MORCA)": shared, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
-               "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
-               "DQN (offline)": d3rlpy.algos.DQNConfig}
-    algo = configs[method](gamma=gamma).create(device="cpu")  # every other setting: the library's default
+    algo = offline_config(method, track, gamma).create(device="cpu")
     wrap = (lambda a: agents.MorcaPolicy(a)) if method == "IQL (MORCA)" else (lambda a: a)
     done = 0
     for stop in sorted({*(c for c in checkpoints if 0 < c < updates), updates}):
@@ -133,6 +125,83 @@ def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "ful
         if on_checkpoint is not None and stop in checkpoints:
             on_checkpoint(wrap(algo), done)
     return wrap(algo)
+
+
+def offline_config(method: str, track: str = "full", gamma: float = GAMMA):
+    """The d3rlpy config `method` trains with: the env's discount, every other setting the library's default."""
+    import d3rlpy
+
+    import agents
+
+    # IQL's twin Q and V share one encoder: the paper's architecture allows it, and it halves the update cost
+    # (perf/bench_update_cost.py), so the board's common budget buys the method more of what it needs
+    encoder = agents.MorcaEncoderFactory(features="" if track == "scalars" else "p3,mean,var")
+    shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True, actor_encoder_factory=encoder,
+                               critic_encoder_factory=encoder, value_encoder_factory=encoder)
+    configs = {"IQL (MORCA)": shared, "DiscreteCQL": d3rlpy.algos.DiscreteCQLConfig,
+               "DiscreteBCQ": d3rlpy.algos.DiscreteBCQConfig, "DiscreteBC": d3rlpy.algos.DiscreteBCConfig,
+               "DQN (offline)": d3rlpy.algos.DQNConfig}
+    return configs[method](gamma=gamma)
+
+
+def sb3_options(method: str, steps: int, n_step: int = 1) -> dict:
+    """What the board sets on an sb3 method (the env's discount, a rollout and warm-up that fit its episodes, DQN's
+    return horizon); every other setting is the library's default."""
+    if method == "MaskablePPO":
+        return {"n_steps": 250, "batch_size": 50, "gamma": GAMMA}
+    return {"learning_starts": 250, "buffer_size": steps, "gamma": GAMMA, "n_steps": n_step}
+
+
+def online_config(episodes: int, updates: int, n_step: int, **given):
+    """The MORCA online trainers' config at the board's budget: 4 rounds of episodes (fewer when there are fewer
+    episodes), the offline update budget spread over their epochs (one warm-up, two joint each)."""
+    from agents.online import OnlineConfig
+
+    rounds = min(4, episodes)
+    return OnlineConfig(rounds=rounds, trajectories_per_round=episodes // rounds, warmup_epochs=1, joint_epochs=2,
+                        max_steps_per_epoch=max(1, updates // (3 * rounds)), n_step=n_step, **given)
+
+
+def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str, str]]:
+    """(method, its training settings) as the board builds them, for the page: read from the configs themselves."""
+    import dataclasses
+    import inspect
+
+    from agents.reinforce import ReinforceConfig
+
+    try:
+        from sb3_contrib import MaskablePPO
+        from stable_baselines3 import DQN
+        sb3 = (("MaskablePPO", MaskablePPO), ("DQN (sb3)", DQN))
+    except ImportError:  # the board's sb3 rows need the [rl] extra; the page names what it can
+        sb3 = ()
+
+    names = {"learning_rate": "lr", "critic_learning_rate": "critic lr", "actor_learning_rate": "actor lr",
+             "batch_size": "batch", "gamma": "gamma", "target_update_interval": "target sync every",
+             "tau": "target tau", "expectile": "expectile", "alpha": "CQL alpha", "n_steps": "n-step",
+             "n_epochs": "epochs", "learning_starts": "learning starts", "exploration_fraction": "exploration fraction",
+             "n_step": "n-step", "rounds": "rounds", "trajectories_per_round": "episodes / round",
+             "max_steps_per_epoch": "updates / epoch", "episodes_per_update": "episodes / update",
+             "baseline_decay": "baseline decay"}
+    steps = episodes * 50
+    rows = []
+    for method in OFFLINE:
+        config = offline_config(method)
+        fields = {k: getattr(config, k) for k in names if hasattr(config, k)}
+        if method != "DiscreteBC":  # behaviour cloning has no value target
+            fields["n_steps"] = n_step
+        rows.append((method, fields))
+    for method, algo in sb3:
+        defaults = {k: v.default for k, v in inspect.signature(algo.__init__).parameters.items()}
+        fields = {k: v for k, v in {**defaults, **sb3_options(method, steps, n_step)}.items() if k in names}
+        rows.append((method, {("rollout" if k == "n_steps" and method == "MaskablePPO" else k): v
+                              for k, v in fields.items()}))
+    online = dataclasses.asdict(online_config(episodes, updates, n_step))
+    rows.append(("IQL online (both)", {k: v for k, v in online.items() if k in names}))
+    rows.append(("REINFORCE", {k: v for k, v in dataclasses.asdict(ReinforceConfig()).items() if k in names}))
+    names["rollout"] = "rollout"
+    return [(method, ", ".join(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}"
+                               for k, v in fields.items())) for method, fields in rows]
 
 
 def curve_points(total: int, points: int) -> list[int]:
@@ -200,10 +269,9 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
         from sb3_contrib import MaskablePPO
         from stable_baselines3 import DQN
 
-        algo, options = ((MaskablePPO, {"n_steps": 250, "batch_size": 50}) if method == "MaskablePPO" else
-                         (DQN, {"learning_starts": 250, "buffer_size": steps}))
-        options["gamma"] = GAMMA
-        model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu", **options)
+        algo = MaskablePPO if method == "MaskablePPO" else DQN
+        model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu",
+                     **sb3_options(method, steps, getattr(args, "n_step", 1)))
         done = 0
         for stop in sorted({*(c for c in checkpoints if 0 < c < episodes), episodes}):
             model.learn(total_timesteps=(stop - done) * env.unwrapped.num_steps, reset_num_timesteps=False)
@@ -212,7 +280,7 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
                 on_checkpoint(model, done)
         return model
     import agents
-    from agents.online import OnlineConfig, OnlineTrainer
+    from agents.online import OnlineTrainer
     from agents.reinforce import Reinforce, ReinforceConfig
 
     targets = benchmark.suite_of(ENV_ID).targets
@@ -226,10 +294,8 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
         offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track).algo
-    rounds = 4
-    config = OnlineConfig(rounds=rounds, trajectories_per_round=episodes // rounds, warmup_epochs=1, joint_epochs=2,
-                          max_steps_per_epoch=args.updates // (3 * rounds), speedup_range=speedups, seed=seed,
-                          features=features, n_step=getattr(args, "n_step", 1))
+    config = online_config(episodes, args.updates, getattr(args, "n_step", 1), speedup_range=speedups, seed=seed,
+                           features=features)
     trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
     trainer.run()
     return agents.MorcaPolicy(trainer.algo)

@@ -25,7 +25,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     results += [run("best fixed", 0, (100.0, 100.0), family="rule", dataset="-", rule="best-fixed")]
     results += [run("C", s, (500.0, 500.0)) for s in range(3)]  # 3 of 5 seeds: not ranked yet
     args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
-                              command="morca leaderboard --seeds 5")
+                              command="morca leaderboard --seeds 5", n_step=50)
     page = tmp_path / "board.md"
     leaderboard_report.write_page(results, args, page, expected=results + [run("D", 0, (0, 0), dataset="random")])
     text = page.read_text()
@@ -38,6 +38,9 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     assert "Not ranked (seeds still running): C on mixture" in text and "Top: **B on mixture**." in text
     assert "Not run yet (rerun the command to continue): D on random" in text
     assert "`morca leaderboard --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
+    settings = dict(line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| D"))
+    assert "gamma 1" in settings["| DiscreteCQL"] and "target sync every 8000" in settings["| DiscreteCQL"]
+    assert "n-step" not in settings["| DiscreteBC"]  # no value target
 
 
 def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
