@@ -249,13 +249,15 @@ def plot_transfer(results: dict, path: Path) -> None:
     classes = results["classes"]
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.6 * len(budgets), 4.4), squeeze=False)
     lim = max(0.05, max(abs(v) for k in budgets for row in results["budgets"][k]["transfer"] for v in row))
-    for ax, k in zip(axes[0], budgets):
+    for i, (ax, k) in enumerate(zip(axes[0], budgets)):
         m = np.array(results["budgets"][k]["transfer"])
         im = ax.imshow(m, cmap="RdBu", vmin=-lim, vmax=lim)
         ax.set_xticks(range(len(classes)), classes, rotation=60, ha="right", fontsize=7)
-        ax.set_yticks(range(len(classes)), classes, fontsize=7)
+        # the rows are the same classes in every panel: named once, at the left
+        ax.set_yticks(range(len(classes)), classes if i == 0 else [], fontsize=7)
         ax.set_xlabel("schedule fitted on class")
-        ax.set_ylabel("held-out prompts of class")
+        if i == 0:
+            ax.set_ylabel("held-out prompts of class")
         ax.set_title(f"K = {k}: PSNR - global (dB)")
         for (r, c), v in np.ndenumerate(m):
             ax.text(c, r, f"{v:+.2f}", ha="center", va="center", fontsize=6)
