@@ -52,7 +52,9 @@ def score_matrix(runs: list[dict], targets: list[str]) -> np.ndarray:
     return np.array([[r["scores"][t]["normalized"] for t in targets] for r in runs])
 
 
-def write_page(results: list[dict], args, page: Path, expected: list[dict] | None = None) -> None:
+def write_page(results: list[dict], args, page: Path, expected: list[dict] | None = None,
+               settings: list[tuple[str, str]] = ()) -> None:
+    """The page; `settings`: (method, what it trains with) rows, as the board's `hyperparameters` reads them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +62,6 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     from rliable import library as rly
     from rliable import metrics
 
-    from agents.commands.leaderboard import hyperparameters
     from morca_env.utils.io import atomic_path, atomic_write_text
 
     groups = by_method(results, args.seeds)
@@ -91,8 +92,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              "Settings, read from the configs the board builds (every other setting is the library's default; the "
              "value-based methods' targets are n-step returns, and at n-step 50 each is the episode's own return):",
              "", "| method | settings |", "|---|---|",
-             *(f"| {method} | {text} |" for method, text in hyperparameters(getattr(args, "n_step", 1),
-                                                                              args.online_episodes, args.updates)),
+             *(f"| {method} | {text} |" for method, text in settings),
              "",
              "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
              + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run | plateau |",

@@ -468,7 +468,8 @@ def main(argv=None) -> int:
         from agents.leaderboard_report import write_page
 
         done = [r for r in (finished_run(f) for f in sorted(runs.glob("*.json"))) if r is not None]
-        write_page(done, args, Path(args.page) if args.page else out / "leaderboard.md", jobs(args))
+        write_page(done, args, Path(args.page) if args.page else out / "leaderboard.md", jobs(args),
+                   hyperparameters(args.n_step, args.online_episodes, args.updates))
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them", file=sys.stderr)
         return 1

@@ -27,7 +27,8 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
                               command="morca leaderboard --seeds 5", n_step=50)
     page = tmp_path / "board.md"
-    leaderboard_report.write_page(results, args, page, expected=results + [run("D", 0, (0, 0), dataset="random")])
+    leaderboard_report.write_page(results, args, page, expected=results + [run("D", 0, (0, 0), dataset="random")],
+                                  settings=leaderboard.hyperparameters(50, 2, 10))
     text = page.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [r.split(" | ")[1] for r in rows] == ["B on mixture", "best fixed", "A on mixture"]
