@@ -55,6 +55,7 @@ SEEDED_RULES = ("random", "coin-flip")
 GAMMA = 1.0
 OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
 ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
+METHODS = (*RULES, *OFFLINE, *ONLINE)
 
 
 def jobs(args) -> list[dict]:
@@ -75,6 +76,10 @@ def jobs(args) -> list[dict]:
         recipe = RECIPE_DATASET if RECIPE_DATASET in args.datasets else args.datasets[0]
         out += [{"family": "online", "method": m, "dataset": recipe if "offline-to" in m else "-", "seed": s,
                  "track": t} for m in ONLINE for t in tracks for s in range(args.seeds)]
+
+    methods = getattr(args, "methods", None)
+    if methods:
+        out = [j for j in out if j["method"] in methods]
 
     def cost(job):  # cheap first, so a stopped run has the most complete methods: IQL's updates are ~20x slower
         iql = "IQL" in job["method"]
@@ -410,6 +415,9 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["random", "anchored"],
                    help="the offline methods' datasets (the first is the cheapest to complete); offline-to-online "
                         f"IQL trains on {RECIPE_DATASET!r} when it is one of them")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=None, metavar="METHOD",
+                   help="run these methods' entries only (the page still lists every entry): one of "
+                        + ", ".join(repr(m) for m in METHODS))
     p.add_argument("--seeds", type=positive_int, default=5)
     p.add_argument("--tracks", nargs="+", choices=("full", "scalars"), default=["full", "scalars"],
                    help="the observation tracks every learned method runs on")
@@ -445,7 +453,7 @@ def main(argv=None) -> int:
             check_fingerprint(out, args)
         todo = [j for j in jobs(args) if finished_run(runs / f"{run_name(j)}.json") is None]
         command_file = out / "command.txt"  # the command that made the runs, for the page
-        if not args.report:
+        if not args.report and not args.methods:  # a subset continues the board; its command stays the whole one
             atomic_write_text(command_file, args.command)
         args.run_command = command_file.read_text().strip() if command_file.exists() else None
         if not args.report and todo:

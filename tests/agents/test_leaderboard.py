@@ -63,6 +63,21 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert leaderboard.main(argv) == 0  # nothing left to run: the same files, the page rewritten
     assert [f.stat().st_mtime_ns for f in files] == stamps
     assert "morca leaderboard --only rules" in page.read_text()
+    whole = (out / "command.txt").read_text()
+    assert leaderboard.main(argv + ["--methods", "uniform"]) == 0  # a subset continues the board
+    assert (out / "command.txt").read_text() == whole  # the page still names the command that makes all of it
+
+
+def test_methods_picks_those_entries_only():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(only=["rules", "offline", "online"], seeds=2, datasets=["random", "anchored"],
+                           tracks=["full", "scalars"], methods=["IQL (MORCA)", "IQL offline-to-online"])
+    runs = leaderboard.jobs(args)
+    assert {j["method"] for j in runs} == {"IQL (MORCA)", "IQL offline-to-online"}
+    assert len(runs) == 2 * 2 * 2 + 2 * 2  # offline: datasets x tracks x seeds; the recipe: tracks x seeds
+    with pytest.raises(SystemExit):
+        leaderboard.main(["--methods", "IQL", "--report"])  # not a method: argparse names the valid ones
 
 
 def test_the_floor_rules_are_on_the_board_and_the_seeded_ones_run_per_seed():
