@@ -29,9 +29,21 @@ VARIANTS = {"A0": "", "A1": "p3", "A2": "mean", "A3": "var", "A4": "p3,mean", "A
 BASELINES = ("best-fixed", "uniform")  # the rows a feature subset must beat, played on the same runs
 
 
+def collected_in(dataset_id: str) -> str:
+    """The env id a dataset records (its Minari env spec), so a MorcaScenes dataset is scored on MorcaScenes."""
+    from morca_env.data.integrity import load_dataset
+
+    spec = load_dataset(dataset_id).spec.env_spec
+    if spec is None:
+        raise SystemExit(f"{dataset_id} records no env; pass --env")
+    return spec.id
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="morca/tiny/random-v0")
+    p.add_argument("--env", default=None, help="the env the variants are scored on (default: the one the dataset "
+                                               "was collected in)")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--prompts", type=int, default=200)
@@ -45,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--same-k", action="store_true", help="evaluate every variant at the same K (evaluate.py --same-k)")
     args = p.parse_args(argv)
     out = args.out.resolve()
+    env_id = args.env or collected_in(args.dataset)
     env = dict(os.environ)
     methods = []
     for name in args.variants:
@@ -56,7 +69,7 @@ def main(argv=None) -> int:
                  "--features", VARIANTS[name], "--n-step", str(args.n_step), "--seed", str(args.seed), "--run-dir", str(run_dir), *cap,
                  *resume_flag(run_dir)], env)
         methods.append(f"morca-{name}={run_dir / 'final.safetensors'}")
-    run("evaluate", ["evaluate", *(["--suite", args.suite] if args.suite else []),
+    run("evaluate", ["evaluate", "--env", env_id, *(["--suite", args.suite] if args.suite else []),
                      "--prompts", str(args.prompts), "--targets", *map(str, args.targets),
                      "--out", str(out / "eval"), "--videos", "0", *(["--same-k"] if args.same_k else []),
                      "--methods", *methods, *BASELINES, "--baselines", methods[0].split("=")[0], BASELINES[0]], env)

@@ -39,5 +39,24 @@ def test_feature_ablation_trains_each_variant_and_pairs_them_at_the_same_k(tmp_p
     assert {r["prompt"] for r in rows} == {get_suite("tiny-train[11::132]").prompts[0]}
     assert {r["method"] for r in rows} == {"morca-A0", "morca-A1", "best-fixed", "uniform"}
     assert len({r["num_reuse"] for r in rows}) == 1
+    # scored in the env the dataset was collected in (a MorcaScenes dataset on MorcaScenes)
+    assert json.loads((out / "eval" / "run.json").read_text())["env_id"] == "MorcaTiny-v0"
     table = (out / "eval" / "table.md").read_text()
     assert "morca-A1 - morca-A0 at 2.0x" in table and "morca-A1 - best-fixed at 2.0x" in table
+
+
+def test_variants_are_scored_in_the_env_their_dataset_was_collected_in(monkeypatch):
+    import importlib.util
+    from types import SimpleNamespace
+
+    import morca_env.data.integrity as integrity
+
+    spec = importlib.util.spec_from_file_location("ablation_features", HERE / "ablation_features.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = {"morca/scenes/anchored-v2": SimpleNamespace(id="MorcaScenes-v0"), "old/none-v0": None}
+    monkeypatch.setattr(integrity, "load_dataset",
+                        lambda dataset_id: SimpleNamespace(spec=SimpleNamespace(env_spec=recorded[dataset_id])))
+    assert script.collected_in("morca/scenes/anchored-v2") == "MorcaScenes-v0"
+    with pytest.raises(SystemExit, match="records no env; pass --env"):
+        script.collected_in("old/none-v0")
