@@ -119,6 +119,11 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
                   "the vanilla ones also ask for many infeasible actions (the projected column: the env overrides "
                   "them). The MORCA IQL of `make quickstart` trains about 5x longer (4800 updates); the board "
                   "measures algorithms at one small common budget, not at their best.", ""]
+    made_on = {}
+    for r in results:
+        made_on[r.get("machine", "not recorded")] = made_on.get(r.get("machine", "not recorded"), 0) + 1
+    lines += ["Made on (runs per machine; train s / run depend on it): "
+              + "; ".join(f"{m}: {n}" for m, n in sorted(made_on.items())) + ".", ""]
     started = {label_of(r) for r in results}
     missing = sorted(started - set(groups))
     if missing:

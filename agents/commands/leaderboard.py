@@ -306,6 +306,20 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     return agents.MorcaPolicy(trainer.algo)
 
 
+def machine() -> str:
+    """Where a run was made, for the page (the board is resumed across sessions and machines): the CPU model and
+    its cores (every algorithm here trains on the CPU)."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def run_job(job: dict, args) -> dict:
     import torch
 
@@ -354,7 +368,7 @@ def run_job(job: dict, args) -> dict:
     result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
                                 pair_step=args.pair_step)
     env.close()
-    return {**job, "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
+    return {**job, "machine": machine(), "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
             "played_on": result.observation, "curve": curve,
             "curve_x": "gradient updates" if job["family"] == "offline" else "env episodes",
             "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,

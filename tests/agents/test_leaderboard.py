@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     results += [run("B", s, (100.0, 120.0)) for s in range(5)]
     results += [run("best fixed", 0, (100.0, 100.0), family="rule", dataset="-", rule="best-fixed")]
     results += [run("C", s, (500.0, 500.0)) for s in range(3)]  # 3 of 5 seeds: not ranked yet
+    for r in results[:4]:
+        r["machine"] = "NVIDIA H100, 16 cores"  # a board resumed on another machine says so
     args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
                               command="morca leaderboard --seeds 5", n_step=50)
     page = tmp_path / "board.md"
@@ -38,6 +41,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     assert middle.min() <= iqm <= middle.max()
     assert "Not ranked (seeds still running): C on mixture" in text and "Top: **B on mixture**." in text
     assert "Not run yet (rerun the command to continue): D on random" in text
+    assert "Made on (runs per machine; train s / run depend on it): NVIDIA H100, 16 cores: 4; not recorded: 10." in text
     assert "`morca leaderboard --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
     settings = dict(line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| D"))
     assert "gamma 1" in settings["| DiscreteCQL"] and "target sync every 8000" in settings["| DiscreteCQL"]
@@ -56,6 +60,7 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     files = sorted((out / "runs").glob("*.json"))
     assert len(files) == len(leaderboard.RULES) == 3
     best = json.loads((out / "runs" / "best_fixed_____s0.json").read_text())
+    assert best["machine"].endswith(f", {os.cpu_count()} cores")
     # 100 up to float rounding: batched kernels round differently across machines (the shipped references' PSNR
     # and this run's agree to ~1e-4 dB, a few 1e-6 of the normalized scale)
     assert all(s["normalized"] == pytest.approx(100.0, abs=0.01) for s in best["scores"].values())
