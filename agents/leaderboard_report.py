@@ -158,7 +158,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
             ax.plot(xs, mean, "o-", color=colours[i % 20], label=label)
             ax.fill_between(xs, mean - half, mean + half, color=colours[i % 20], alpha=0.15)
         for ax, x in zip(axes, ("gradient updates", "environment episodes")):
-            ax.set_xscale("log", base=2)
+            ax.set_xscale("symlog", base=2, linthresh=1)  # log, with room for the recipe's point at 0 episodes
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xlabel(x)
             ax.set_ylabel("normalized score on validation pairs (mean, 95% CI over seeds)")
@@ -171,7 +171,8 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
         plt.close(fig)
         lines += ["Learning curves: the normalized score on 8 validation pairs of training prompts (no training, fit "
                   "or selection slice uses them) at checkpoints twice apart; \"plateau\" says whether the last two "
-                  "checkpoints' 95% intervals overlap (the MORCA online trainers give their final point only).", "",
+                  "checkpoints' 95% intervals overlap (the MORCA online trainers: a point per round of episodes; offline-to-"
+                  "online IQL's first point, at 0 episodes, is its offline phase alone).", "",
                   f"![learning curves]({curve_plot.name})", ""]
     command = args.run_command or args.command
     lines += [f"![performance profile]({plot.name})", "", f"Remake: `{command}` (resumable: a rerun continues; "

@@ -172,7 +172,9 @@ class OnlineTrainer:
                                          self.env.budget_spec)
         return episodes, [t.info for t in trajectories]
 
-    def run(self) -> list[dict]:
+    def run(self, on_round=None) -> list[dict]:
+        """The rounds not done yet; after each, `on_round(algo, online_episodes_so_far)` (a learning curve's
+        point; rounds a resumed run had done are not replayed)."""
         writer = SummaryWriter(str(self.run_dir / "tb"))
         config = self.config
         for index in range(self.start_round, config.rounds):
@@ -197,6 +199,8 @@ class OnlineTrainer:
             self.history.append(record)
             writer.add_scalar("online/rollout_psnr", psnr, index + 1)
             self.checkpoints.save(self.algo, index, {"history": self.history})
+            if on_round is not None:
+                on_round(self.algo, (index + 1) * config.trajectories_per_round)
             if self.progress:
                 log.info("round %d/%d: rollout PSNR %.2f dB, %d transitions, %.0f s", index + 1, config.rounds, psnr,
                          buffer.transition_count, record["seconds"])

@@ -155,7 +155,10 @@ class Reinforce:
             count += int(free.sum())
         return -torch.stack(terms).sum() / max(1, count)
 
-    def train(self) -> list[dict]:
+    def train(self, checkpoints=(), on_checkpoint=None) -> list[dict]:
+        """Train to `total_episodes`; at the first update at or past each of `checkpoints` (episode counts),
+        `on_checkpoint(policy, episodes_so_far)` (a learning curve's point)."""
+        pending = sorted(c for c in checkpoints if c > self.episodes_done)
         writer = SummaryWriter(str(self.run_dir / "tb"))
         config = self.config
         bar = tqdm(total=config.total_episodes, initial=self.episodes_done, desc="REINFORCE", unit="episode",
@@ -181,6 +184,11 @@ class Reinforce:
             writer.add_scalar("reinforce/rollout_psnr", record["rollout_psnr"], self.episodes_done)
             writer.add_scalar("reinforce/loss", record["loss"], self.episodes_done)
             self.save()
+            if pending and self.episodes_done >= pending[0]:  # one point per update, however many it passed
+                while pending and self.episodes_done >= pending[0]:
+                    pending.pop(0)
+                if on_checkpoint is not None:
+                    on_checkpoint(self.policy(), self.episodes_done)
         bar.close()
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")

@@ -261,8 +261,8 @@ def validation_references(out: Path) -> dict:
 
 def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=None):
     """Train one online method for `--online-episodes` episodes of the training env; returns what evaluate takes.
-    sb3's methods call `on_checkpoint(model, episodes_so_far)` at each of `checkpoints`; the MORCA trainers (their
-    rounds are the unit) give their final point only."""
+    sb3's methods and REINFORCE call `on_checkpoint(policy, episodes_so_far)` at each of `checkpoints`; the MORCA
+    trainers at the end of each round (their unit), and offline-to-online IQL also at 0 (its offline phase alone)."""
     from morca_env.evaluation import benchmark
 
     method, seed, episodes, track = job["method"], job["seed"], args.online_episodes, track_of(job)
@@ -293,16 +293,19 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     if method == "REINFORCE":
         trainer = Reinforce(env, ReinforceConfig(total_episodes=episodes, speedup_range=speedups, seed=seed,
                                                  features=features), run_dir, progress=False)
-        trainer.train()
+        trainer.train(checkpoints, on_checkpoint)
         return trainer.policy()
     offline, buffer = None, None
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
         offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track).algo
+        if on_checkpoint is not None and checkpoints:
+            on_checkpoint(agents.MorcaPolicy(offline), 0)
     config = online_config(episodes, args.updates, getattr(args, "n_step", 1), speedup_range=speedups, seed=seed,
                            features=features)
     trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
-    trainer.run()
+    trainer.run(None if on_checkpoint is None or not checkpoints else
+                lambda algo, count: on_checkpoint(agents.MorcaPolicy(algo), count))
     return agents.MorcaPolicy(trainer.algo)
 
 

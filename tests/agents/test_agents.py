@@ -171,17 +171,23 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     config = OnlineConfig(rounds=2, trajectories_per_round=2, warmup_epochs=1, joint_epochs=1, batch_size=8,
                           speedup_range=(1.5, 2.5), max_steps_per_epoch=2)
     trainer = OnlineTrainer(env, config, tmp_path / "online", progress=False)  # online IQL from scratch
-    history = trainer.run()
+    points = []  # a learning curve's points: one per round, at the online episodes so far
+    history = trainer.run(on_round=lambda algo, count: points.append((algo is trainer.algo, count)))
     assert [h["round"] for h in history] == [1, 2] and history[-1]["transitions"] == 4 * 8
+    assert points == [(True, 2), (True, 4)]
     assert (tmp_path / "online" / "final.safetensors").exists()
     resumed = OnlineTrainer(env, OnlineConfig(**{**config.__dict__, "rounds": 3}), tmp_path / "online", progress=False)
     assert resumed.start_round == 2 and len(resumed.online_episodes) == 4
-    assert resumed.run()[-1]["round"] == 3
+    assert resumed.run(on_round=lambda algo, count: points.append(count))[-1]["round"] == 3
+    assert points[2:] == [6]  # the resumed run's own round only
 
-    reinforce = Reinforce(env, ReinforceConfig(episodes_per_update=2, total_episodes=4, speedup_range=(1.5, 2.5)),
+    reinforce = Reinforce(env, ReinforceConfig(episodes_per_update=2, total_episodes=6, speedup_range=(1.5, 2.5)),
                           tmp_path / "reinforce", progress=False)
     before = [p.detach().clone() for p in reinforce.network.parameters()]
-    assert len(reinforce.train()) == 2
+    curve = []
+    assert len(reinforce.train(checkpoints=(1, 2, 5, 6), on_checkpoint=lambda policy, count: curve.append(
+        (isinstance(policy, ReinforcePolicy), count)))) == 3
+    assert curve == [(True, 2), (True, 6)]  # 1 and 2 fall in the first update, 5 and 6 in the last
     assert any(not torch.equal(a, b) for a, b in zip(before, reinforce.network.parameters()))
     policy = ReinforcePolicy.load(tmp_path / "reinforce" / "reinforce.safetensors")
     obs, info = env.reset(seed=0)

@@ -246,6 +246,11 @@ def test_the_value_methods_learn_from_the_boards_return_horizon_with_the_envs_di
     leaderboard.run_job({"family": "offline", "method": "DQN (offline)", "dataset": "random", "seed": 0,
                          "track": "scalars"}, args)
     assert horizons == [50] and trained[-1].config.gamma == 1.0  # d3rlpy's default is 0.99
+    calls = []  # the paper's recipe: its curve starts at its offline phase alone, then a point per online round
+    leaderboard.online_policy({"family": "online", "method": "IQL offline-to-online", "dataset": "random", "seed": 0,
+                               "track": "full"}, argparse.Namespace(online_episodes=2, **vars(args)),
+                              tmp_path / "o2o", [1, 2], lambda policy, count: calls.append(count))
+    assert calls == [0, 1, 2] and horizons == [50, 50]
     with pytest.raises(SystemExit):
         leaderboard.main(["--n-step", "0", "--out", str(tmp_path / "lb")])
 
@@ -271,7 +276,8 @@ def test_a_board_from_before_the_return_horizon_continues_only_with_one_step_td(
                                                           pair_step=40, curve_points=0, n_step=1))
 
 
-@pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("REINFORCE", "full")])
+@pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("REINFORCE", "full"),
+                                             ("IQL online (scratch)", "full")])
 def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkeypatch):
     pytest.importorskip("sb3_contrib")
     monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
@@ -282,8 +288,11 @@ def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkey
     if method == "MaskablePPO":  # sb3 trained on the scalars track's Dict, in chunks for its learning curve
         assert set(policy.observation_space.spaces) == {"scalars", "action_mask"}
         assert calls == [1, 2] and policy.num_timesteps >= 2 * 10
-    else:  # the MORCA policy network with its latent branch off: the paper's scalar state
+    elif method == "REINFORCE":  # the MORCA policy network with its latent branch off: the paper's scalar state
         assert policy.network.trunk.branch3d is None and policy.network.trunk.branch2d is None
+        assert calls == [2]  # its one update (of up to 8 episodes) passed both checkpoints: one point
+    else:  # a point per round: 2 episodes in 2 rounds
+        assert calls == [1, 2]
     assert leaderboard.run_job(job, args)["played_on"] == played_on
 
 
