@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -119,9 +120,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
                   "the vanilla ones also ask for many infeasible actions (the projected column: the env overrides "
                   "them). The MORCA IQL of `make quickstart` trains about 5x longer (4800 updates); the board "
                   "measures algorithms at one small common budget, not at their best.", ""]
-    made_on = {}
-    for r in results:
-        made_on[r.get("machine", "not recorded")] = made_on.get(r.get("machine", "not recorded"), 0) + 1
+    made_on = Counter(r.get("machine", "not recorded") for r in results)
     lines += ["Made on (runs per machine; train s / run depend on it): "
               + "; ".join(f"{m}: {n}" for m, n in sorted(made_on.items())) + ".", ""]
     started = {label_of(r) for r in results}

@@ -371,7 +371,8 @@ def run_job(job: dict, args) -> dict:
     result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
                                 pair_step=args.pair_step)
     env.close()
-    return {**job, "machine": machine(), "budget": budget, "train_s": train_s, "eval_s": time.perf_counter() - t0 - train_s,
+    return {**job, "machine": machine(), "budget": budget, "train_s": train_s,
+            "eval_s": time.perf_counter() - t0 - train_s,
             "played_on": result.observation, "curve": curve,
             "curve_x": "gradient updates" if job["family"] == "offline" else "env episodes",
             "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,
