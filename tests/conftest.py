@@ -32,14 +32,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
+    """Our caches, and stable-baselines3's logger folder (by default a new empty /tmp/SB3-<time> per `learn`), in
+    pytest's temp dir, so a test run leaves nothing behind."""
     root = tmp_path_factory.mktemp("morca_cache")
-    old = os.environ.get("MORCA_CACHE_DIR")
+    saved = {name: os.environ.get(name) for name in ("MORCA_CACHE_DIR", "SB3_LOGDIR")}
     os.environ["MORCA_CACHE_DIR"] = str(root)
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
     yield root
-    if old is None:
-        os.environ.pop("MORCA_CACHE_DIR", None)
-    else:
-        os.environ["MORCA_CACHE_DIR"] = old
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def make_pipe(kind="wan21", **kwargs):
