@@ -8,6 +8,8 @@ import torch
 
 torch.set_num_threads(1)
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
 # The modules the core CI venv runs (`pytest -m core`: the core install on the newest gymnasium, with torchrl and
 # tianshou, no d3rlpy / stable-baselines3 / lpips): the env, the cache rules, data, the benchmark and the examples.
 # A test in them that needs an extra skips itself (pytest.importorskip); test_extras checks the full venv has all.
@@ -33,11 +35,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Our caches, and stable-baselines3's logger folder (by default a new empty /tmp/SB3-<time> per `learn`), in
-    pytest's temp dir, so a test run leaves nothing behind."""
+    pytest's temp dir, so a test run leaves nothing behind. Subprocesses import this checkout first: a venv shared
+    by two checkouts has only one of them installed, and a child would otherwise test that one."""
     root = tmp_path_factory.mktemp("morca_cache")
-    saved = {name: os.environ.get(name) for name in ("MORCA_CACHE_DIR", "SB3_LOGDIR")}
+    saved = {name: os.environ.get(name) for name in ("MORCA_CACHE_DIR", "SB3_LOGDIR", "PYTHONPATH")}
     os.environ["MORCA_CACHE_DIR"] = str(root)
     os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), saved["PYTHONPATH"]) if p)
     yield root
     for name, value in saved.items():
         if value is None:

@@ -136,7 +136,7 @@ def test_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_lines(tmp_p
             "a.fit(synthetic_buffer(), n_steps=2, n_steps_per_epoch=2, show_progress=False, logger_adapter=quiet())\n")
     agents_tests = os.path.join(os.path.dirname(os.path.dirname(__file__)), "agents")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": agents_tests})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([agents_tests, os.environ["PYTHONPATH"]])})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "unmaintained" not in out.stderr and "[info" not in out.stdout + out.stderr, out.stdout + out.stderr
 
