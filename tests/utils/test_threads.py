@@ -57,7 +57,9 @@ def test_busy_cores_sees_a_busy_process_at_once():
         import time
 
         time.sleep(0.3)
-        assert threads.busy_cores(0.5) >= min(idle_before + 1, threads.available_cores())
+        # whole-machine samples round to cores: other load that comes and goes can hide the spinner in one of them
+        expected = min(idle_before + 1, threads.available_cores())
+        assert any(threads.busy_cores(0.5) >= expected for _ in range(3))
     finally:
         spinner.kill()
         spinner.join()
