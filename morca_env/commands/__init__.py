@@ -4,8 +4,9 @@ Subcommands come from the `morca_gym.commands` entry-point group, so the `agents
 package adds its own (train, finetune, reinforce, quickstart) without `morca_env`
 importing it. Each subcommand is a module with `main(argv) -> int` (also runnable as
 `python -m morca_env.commands <name>`). Listing them reads each module's
-docstring from its file (nothing imported), so `morca --help` is fast and works
-without the optional extras.
+docstring from its file (no subcommand module is imported), so `morca --help` works
+without the optional extras; it still pays for importing `morca_env` and `agents`
+themselves (torch, diffusers, d3rlpy: ~10 s on a 2-core machine).
 
 A bad value, file or state (the package raises `ValueError`, `OSError` or `RuntimeError` naming it) ends a
 command with that one line on stderr and exit status 1; anything else is a bug and keeps its traceback.
