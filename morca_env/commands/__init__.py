@@ -4,9 +4,9 @@ Subcommands come from the `morca_gym.commands` entry-point group, so the `agents
 package adds its own (train, finetune, reinforce, quickstart) without `morca_env`
 importing it. Each subcommand is a module with `main(argv) -> int` (also runnable as
 `python -m morca_env.commands <name>`). Listing them reads each module's
-docstring from its file (no subcommand module is imported), so `morca --help` works
-without the optional extras; it still pays for importing `morca_env` and `agents`
-themselves (torch, diffusers, d3rlpy: ~10 s on a 2-core machine).
+docstring from its file (no subcommand module, nor `agents`, is imported), so
+`morca --help` works without the optional extras; it still pays for importing
+`morca_env` itself (torch, diffusers: ~5 s on a 2-core machine).
 
 A bad value, file or state (the package raises `ValueError`, `OSError` or `RuntimeError` naming it) ends a
 command with that one line on stderr and exit status 1; anything else is a bug and keeps its traceback.
@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from importlib.machinery import PathFinder
 from importlib.metadata import entry_points
 from importlib.util import find_spec
 from pathlib import Path
@@ -34,13 +35,36 @@ def commands() -> dict:
     return dict(sorted((point.name, point) for point in entry_points(group=GROUP)))
 
 
+def _missing_extra(package: str) -> str | None:
+    """Why a package that is also an extra's name (`agents`) cannot load: the first of that extra's modules
+    not installed, named with its install line; None when nothing is missing."""
+    from ..utils.extras import EXTRA_OF, install_hint
+
+    for dependency, extra in EXTRA_OF.items():
+        if extra == package and find_spec(dependency) is None:
+            return f"{package} needs {dependency}, which is not installed: {install_hint(extra)}"
+    return None
+
+
+def _source_spec(module: str):
+    """The module's spec, found on the file system without importing its parent packages (importing `agents`
+    would pull d3rlpy in: seconds per `morca --help`)."""
+    top, *parts = module.split(".")
+    spec = find_spec(top)  # a top-level name is only looked up
+    for depth in range(len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = PathFinder.find_spec(".".join([top, *parts[:depth + 1]]), list(spec.submodule_search_locations))
+    return spec
+
+
 def summary(point) -> str:
     """The first line of the subcommand module's docstring, read from its source file."""
     module = point.value.split(":")[0]
-    try:
-        spec = find_spec(module)  # imports the parent packages, not the module itself
-    except ImportError as error:  # e.g. agents without its extra: the error names the extra to install
-        return f"(unavailable: {error})"
+    missing = _missing_extra(module.split(".")[0])
+    if missing:  # the agents' commands without their extra
+        return f"(unavailable: {missing})"
+    spec = _source_spec(module)
     if spec is None or not spec.origin:
         return f"(not installed: {module})"
     with open(spec.origin, encoding="utf-8") as source:

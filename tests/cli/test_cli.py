@@ -24,6 +24,16 @@ def test_morca_help_lists_every_subcommand_with_its_summary():
     assert "Offline discrete IQL" in out.stdout and "(unavailable" not in out.stdout  # read from the modules
 
 
+def test_listing_the_subcommands_imports_neither_agents_nor_d3rlpy():
+    """The agents' summaries are read from their files: importing `agents` for them put d3rlpy into every listing."""
+    code = ("import sys; from morca_env import commands; print(commands.usage()); "
+            "print('imported:', sorted(m for m in ('agents', 'agents.commands', 'd3rlpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert "imported: []" in out.stdout and "Offline discrete IQL" in out.stdout
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_subcommand_help_names_itself(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
