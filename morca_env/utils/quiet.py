@@ -3,7 +3,9 @@
 d3rlpy 2.8 imports the unmaintained `gym` package, which prints a multi-line
 "unmaintained since 2022" notice to stderr on every import (this project uses
 gymnasium), and logs every fit and build at info level through structlog.
-Warnings and errors still show. Both happen at import, so this must run first:
+Warnings and errors still show, except one: a fit that continues an algorithm's training logs
+"Skip building models" at warning level, and the trainers continue training on purpose (learning-curve
+chunks, online rounds). Both happen at import, so this must run first:
 `import morca_env` (or `agents`) before d3rlpy or stable-baselines3 does it.
 """
 
@@ -15,6 +17,7 @@ import logging
 import sys
 
 _NOTICE = "Gym has been unmaintained"
+_EXPECTED_D3RLPY_WARNINGS = frozenset({"Skip building models since they're already built."})
 
 
 def quiet_legacy_gym() -> None:
@@ -39,4 +42,17 @@ def quiet_d3rlpy(feature: str = "this feature") -> None:
     require("d3rlpy", feature)  # configures structlog on import; reconfigure after it
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    processors = structlog.get_config()["processors"]
+    if _drop_expected_warnings not in processors:
+        processors = [_drop_expected_warnings, *processors]
+    structlog.configure(processors=processors,
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _drop_expected_warnings(logger, method_name, event_dict):
+    """A structlog processor: drop d3rlpy's warnings about what the trainers do on purpose."""
+    import structlog
+
+    if event_dict.get("event") in _EXPECTED_D3RLPY_WARNINGS:
+        raise structlog.DropEvent
+    return event_dict

@@ -133,12 +133,15 @@ def test_d3rlpy_and_sb3_imports_and_training_print_no_notice_or_info_lines(tmp_p
     code = ("import morca_env, agents, d3rlpy, sb3_contrib\n"
             "from test_agents import quiet, synthetic_buffer\n"
             "a = agents.DiscreteIQLConfig(batch_size=8).create(device='cpu')\n"
-            "a.fit(synthetic_buffer(), n_steps=2, n_steps_per_epoch=2, show_progress=False, logger_adapter=quiet())\n")
+            "for _ in range(2):  # the second fit continues training, as the trainers' curve chunks do\n"
+            "    a.fit(synthetic_buffer(), n_steps=2, n_steps_per_epoch=2, show_progress=False, logger_adapter=quiet())\n"
+            "import d3rlpy.logging; d3rlpy.logging.LOG.warning('a warning of its own')\n")
     agents_tests = os.path.join(os.path.dirname(os.path.dirname(__file__)), "agents")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([agents_tests, os.environ["PYTHONPATH"]])})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "unmaintained" not in out.stderr and "[info" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "Skip building" not in out.stdout + out.stderr and "a warning of its own" in out.stdout + out.stderr
 
 
 def test_a_second_writer_of_one_output_fails_naming_the_first_ones_pid(tmp_path):
