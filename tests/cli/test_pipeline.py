@@ -1,23 +1,41 @@
 """The command-line pipeline: `morca evaluate` writes its table, plots and videos and resumes; the quickstart runs."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 
 from morca_env.prompts import get_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_script(args, tmp_path, timeout=900):
-    env = {**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari"), "MORCA_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+def run_script(args, tmp_path):
+    """`python -m morca_env.commands <name> ...`, run in this process: a fresh interpreter per call costs ~5 s of
+    imports, and these tests call the CLI 20 times (what the process adds, its exit codes and one-line errors, has
+    its own tests: test_cli, test_bad_inputs)."""
+    assert args[:2] == ["-m", "morca_env.commands"], args
+    from morca_env import commands
+
+    env = {"MINARI_DATASETS_PATH": str(tmp_path / "minari"), "MORCA_CACHE_DIR": str(tmp_path / "cache")}
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    with mock.patch.dict(os.environ, env), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        try:
+            code = commands.main(args[2:])
+        except SystemExit as exit_info:
+            code = exit_info.code
+        finally:
+            torch.set_num_threads(threads)  # a command sets its own; the next test keeps the session's
+    assert code in (0, None), err.getvalue()[-3000:]
+    return out.getvalue()
 
 
 def test_evaluate_writes_results_and_resumes(tmp_path):
@@ -57,10 +75,13 @@ def test_evaluate_writes_results_and_resumes(tmp_path):
                                         if r["method"] == "uniform@seacache-global"} == own
 
 
-def test_evaluate_rejects_bad_timing_repeats(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "morca_env.commands", "evaluate", "--timing-repeats", "0", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "argument --timing-repeats: '0' is not a positive integer" in out.stderr
+def test_evaluate_rejects_bad_timing_repeats(tmp_path, capsys):
+    from morca_env import commands
+
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main(["evaluate", "--timing-repeats", "0", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "argument --timing-repeats: '0' is not a positive integer" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # about 22 s on one core: kept out of the default suite (about 15 min)
@@ -134,7 +155,7 @@ def test_quickstart_runs_end_to_end_at_minimal_sizes(tmp_path):
     stdout = run_script(["-m", "morca_env.commands", "quickstart", "--out", str(out), "--episodes", "4", "--workers", "1",
                          "--offline-epochs", "1", "--max-steps-per-epoch", "2", "--rounds", "1", "--trajectories", "2",
                          "--warmup-epochs", "1", "--joint-epochs", "1", "--online-steps-per-epoch", "2",
-                         "--eval-prompts", "1", "--validation-pairs", "2", "--targets", "2.0"], tmp_path, timeout=1800)
+                         "--eval-prompts", "1", "--validation-pairs", "2", "--targets", "2.0"], tmp_path)
     assert "quickstart finished" in stdout
     table = (out / "eval" / "table.md").read_text()
     assert "morca-online" in table and "morca-shipped" in table and "seacache-global" in table
