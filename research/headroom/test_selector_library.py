@@ -169,7 +169,7 @@ def test_library_scheduler_reads_the_run_like_switch_features_and_plays_the_chos
                                    "feature": "summary", "selector": {}}}, fallback=UniformInterval())
 
 
-@pytest.mark.slow  # about 18 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 18 s on one core: kept out of the default suite (about 13 min)
 def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp_path):
     import json
     import subprocess
@@ -204,7 +204,7 @@ def test_selector_script_builds_a_library_and_saves_what_the_scheduler_plays(tmp
     assert played.schedule == library["members"][policy.last_choice]
 
 
-@pytest.mark.slow  # about 10 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 10 s on one core: kept out of the default suite (about 13 min)
 def test_sensitivity_script_replays_the_runs_exactly_at_eps_zero(tmp_path):
     import json
     import subprocess

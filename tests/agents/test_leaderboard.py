@@ -48,7 +48,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     assert "n-step" not in settings["| DiscreteBC"]  # no value target
 
 
-@pytest.mark.slow  # about 60 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 60 s on one core: kept out of the default suite (about 13 min)
 def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     # three of the rules (the exact-K threshold rules replay each run and took most of this test's 86 s): the
     # bar, a plain rule and the shipped scheduler, loaded in the job's own process

@@ -154,7 +154,7 @@ def test_every_command_has_a_base_for_its_required_arguments():
             assert name in BASES, f"morca {name} has required arguments; give the sweep a base for it"
 
 
-@pytest.mark.slow  # about 140 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 140 s on one core: kept out of the default suite (about 13 min)
 @pytest.mark.filterwarnings("ignore")
 def test_no_argument_value_gives_a_raw_traceback(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -84,7 +84,7 @@ def test_evaluate_rejects_bad_timing_repeats(tmp_path, capsys):
     assert "argument --timing-repeats: '0' is not a positive integer" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # about 22 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 22 s on one core: kept out of the default suite (about 13 min)
 def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path):
     from morca_env.speedup.calibration import SpeedupCalibration
 
@@ -109,7 +109,7 @@ def test_evaluate_measures_its_calibration_once_and_reuses_it_on_resume(tmp_path
     assert "(resume)" in stdout and (out / "calibration.json").read_bytes() == before
 
 
-@pytest.mark.slow  # about 25 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 25 s on one core: kept out of the default suite (about 13 min)
 def test_evaluate_feedback_corrects_requests_and_resumes_its_governor(tmp_path):
     out = tmp_path / "eval"
     base = ["-m", "morca_env.commands", "evaluate", "--env", "MorcaTinyRandom-v0", "--env-kwargs", '{"num_inference_steps": 10}',
@@ -259,7 +259,7 @@ def test_calibration_table_explains_a_speedup_below_one_at_k0():
     assert "K = 0 runs at 0.902x, not 1x: an episode also computes the scheduler's inputs" in text
 
 
-@pytest.mark.slow  # about 19 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 19 s on one core: kept out of the default suite (about 13 min)
 def test_train_offline_refuses_to_resume_a_run_on_other_data(tmp_path):
     """A rerun on new data (the quickstart's recipe changed) must not 'resume' past the old run's last epoch."""
     run_dir = tmp_path / "offline"

@@ -97,7 +97,7 @@ def test_collect_load_invariants_and_cql(roots):
     assert action.shape == (1,) and action[0] in (0, 1)
 
 
-@pytest.mark.slow  # about 21 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 21 s on one core: kept out of the default suite (about 13 min)
 def test_recover_environment_in_a_fresh_process(roots):
     collect("test/tiny/recover-v0", 2)
     code = ("import minari; ds = minari.load_dataset('test/tiny/recover-v0'); env = ds.recover_environment(); "

@@ -109,7 +109,7 @@ def test_the_default_replay_buffer_works_with_d3rlpys_own_algorithms(roots):
     assert iql.grad_step == 2
 
 
-@pytest.mark.slow  # about 36 s on one core: kept out of the default suite (about 15 min)
+@pytest.mark.slow  # about 36 s on one core: kept out of the default suite (about 13 min)
 def test_two_collections_of_one_id_never_mix(roots):
     """A second collection of an id that is being collected fails at once, naming the first one's pid;
     the dataset then holds the first run's episodes only."""
