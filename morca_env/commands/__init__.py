@@ -61,10 +61,13 @@ def _source_spec(module: str):
 def summary(point) -> str:
     """The first line of the subcommand module's docstring, read from its source file."""
     module = point.value.split(":")[0]
-    missing = _missing_extra(module.split(".")[0])
+    try:
+        missing = _missing_extra(module.split(".")[0])
+        spec = _source_spec(module)
+    except (ImportError, ValueError, KeyError) as error:  # a finder that refuses, a namespace package's lookup
+        return f"(unavailable: {error!r})"
     if missing:  # the agents' commands without their extra
         return f"(unavailable: {missing})"
-    spec = _source_spec(module)
     if spec is None or not spec.origin:
         return f"(not installed: {module})"
     with open(spec.origin, encoding="utf-8") as source:

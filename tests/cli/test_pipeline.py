@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,15 +26,21 @@ def run_script(args, tmp_path):
     from morca_env import commands
 
     env = {"MINARI_DATASETS_PATH": str(tmp_path / "minari"), "MORCA_CACHE_DIR": str(tmp_path / "cache")}
-    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
-    with mock.patch.dict(os.environ, env), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
+    out, err, threads, cwd = io.StringIO(), io.StringIO(), torch.get_num_threads(), os.getcwd()
+    loggers = [logging.getLogger(name) for name in ("morca_env", "agents")]  # a command shows the library's lines
+    saved = [(logger, list(logger.handlers), logger.level) for logger in loggers]
+    with mock.patch.dict(os.environ, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
+            os.chdir(ROOT)
             code = commands.main(args[2:])
         except SystemExit as exit_info:
             code = exit_info.code
-        finally:
-            torch.set_num_threads(threads)  # a command sets its own; the next test keeps the session's
+        finally:  # what a command sets for its process, the next test gets back as the session had it
+            os.chdir(cwd)
+            torch.set_num_threads(threads)
+            for logger, handlers, level in saved:
+                logger.handlers[:] = handlers
+                logger.setLevel(level)
     assert code in (0, None), err.getvalue()[-3000:]
     return out.getvalue()
 

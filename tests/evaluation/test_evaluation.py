@@ -154,6 +154,8 @@ def test_feedback_gives_exact_k_methods_one_machine_governor_and_resumes_it(tmp_
 def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(tmp_path):
     """A static schedule's per-step time counts in its K as a learned scheduler's does (else a learned scheduler
     that plays it runs a higher K at the same target); a rule on its own K pays it through its realised speedup."""
+    import pytest
+
     from morca_env.evaluation import run_evaluation
     from morca_env.speedup.measure import measure_calibration
 
@@ -165,6 +167,8 @@ def test_on_a_measured_calibration_every_exact_k_method_pays_its_own_step_time(t
     config.out.mkdir(parents=True)
     calibration.to_json(config.out / "calibration.json")
     lo, hi = calibration.speedup_range
+    if hi < 1.1:  # the step cost (~4% of a stock run) would leave no target between the two
+        pytest.skip(f"this machine reaches only [{lo:.2f}, {hi:.2f}] now: too busy to place a target")
     rows = run_evaluation(dataclasses.replace(config, targets=(round(lo + 0.4 * (hi - lo), 3),))).rows
     cost = {r["method"]: r["scheduler_cost_s"] for r in rows}
     assert cost["uniform"] > 0 and cost["seacache-global"] == 0
