@@ -187,7 +187,7 @@ def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str,
              "n_epochs": "epochs", "learning_starts": "learning starts", "exploration_fraction": "exploration fraction",
              "n_step": "n-step", "rounds": "rounds", "trajectories_per_round": "episodes / round",
              "max_steps_per_epoch": "updates / epoch", "episodes_per_update": "episodes / update",
-             "baseline_decay": "baseline decay"}
+             "baseline_decay": "baseline decay", "observation": "observation"}
     steps = episodes * 50
     rows = []
     for method in OFFLINE:
@@ -199,6 +199,8 @@ def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str,
     for method, algo in sb3:
         defaults = {k: v.default for k, v in inspect.signature(algo.__init__).parameters.items()}
         fields = {k: v for k, v in {**defaults, **sb3_options(method, steps, n_step)}.items() if k in names}
+        if method == "DQN (sb3)":
+            fields["observation"] = "flat (mask inside)"
         rows.append((method, {("rollout" if k == "n_steps" and method == "MaskablePPO" else k): v
                               for k, v in fields.items()}))
     online = dataclasses.asdict(online_config(episodes, updates, n_step))
@@ -268,14 +270,16 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     method, seed, episodes, track = job["method"], job["seed"], args.online_episodes, track_of(job)
     features = "" if track == "scalars" else "p3,mean,var"  # the MORCA networks' latent branch
     sb3_track = method in ("MaskablePPO", "DQN (sb3)") and track == "scalars"
-    env = benchmark.training_env(ENV_ID, **({"observation": "scalars"} if sb3_track else {}))
+    flat = method == "DQN (sb3)"  # sb3's n-step replay buffer refuses Dict observations: the flat layout, mask inside
+    env = benchmark.training_env(ENV_ID, **({"observation": "scalars"} if sb3_track else {}),
+                                 **({"flat": True} if flat else {}))
     steps = episodes * env.unwrapped.num_steps
     if method in ("MaskablePPO", "DQN (sb3)"):
         from sb3_contrib import MaskablePPO
         from stable_baselines3 import DQN
 
         algo = MaskablePPO if method == "MaskablePPO" else DQN
-        model = algo("MultiInputPolicy", env, seed=seed, verbose=0, device="cpu",
+        model = algo("MlpPolicy" if flat else "MultiInputPolicy", env, seed=seed, verbose=0, device="cpu",
                      **sb3_options(method, steps, getattr(args, "n_step", 1)))
         done = 0
         for stop in sorted({*(c for c in checkpoints if 0 < c < episodes), episodes}):

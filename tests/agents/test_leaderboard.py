@@ -13,6 +13,7 @@ pytest.importorskip("rliable")  # the [benchmark] extra
 from agents import leaderboard_report  # noqa: E402
 from agents.commands import leaderboard  # noqa: E402
 from tests.conftest import child_pids, process_running  # noqa: E402
+from morca_env.observation import SCALAR_NAMES  # noqa: E402
 
 
 def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
@@ -277,18 +278,21 @@ def test_a_board_from_before_the_return_horizon_continues_only_with_one_step_td(
                                                           pair_step=40, curve_points=0, n_step=1))
 
 
-@pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("REINFORCE", "full"),
-                                             ("IQL online (scratch)", "full")])
+@pytest.mark.parametrize("method,played_on", [("MaskablePPO", "scalars"), ("DQN (sb3)", "scalars"),
+                                             ("REINFORCE", "full"), ("IQL online (scratch)", "full")])
 def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkeypatch):
     pytest.importorskip("sb3_contrib")
     monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
-    args = argparse.Namespace(online_episodes=2, updates=6, pair_step=4, episodes=2, out=str(tmp_path))
+    args = argparse.Namespace(online_episodes=2, updates=6, pair_step=4, episodes=2, out=str(tmp_path),
+                              n_step=3)  # the board's n-step returns (sb3's DQN takes them only from a flat Box)
     job = {"family": "online", "method": method, "dataset": "-", "seed": 0, "track": "scalars"}
     calls = []
     policy = leaderboard.online_policy(job, args, tmp_path / "run", [1, 2], lambda model, n: calls.append(n))
     if method == "MaskablePPO":  # sb3 trained on the scalars track's Dict, in chunks for its learning curve
         assert set(policy.observation_space.spaces) == {"scalars", "action_mask"}
         assert calls == [1, 2] and policy.num_timesteps >= 2 * 10
+    elif method == "DQN (sb3)":  # the scalars track's flat layout, mask inside, with the board's n-step returns
+        assert policy.observation_space.shape == (len(SCALAR_NAMES) + 2,) and policy.n_steps == 3
     elif method == "REINFORCE":  # the MORCA policy network with its latent branch off: the paper's scalar state
         assert policy.network.trunk.branch3d is None and policy.network.trunk.branch2d is None
         assert calls == [2]  # its one update (of up to 8 episodes) passed both checkpoints: one point
