@@ -179,7 +179,7 @@ class Reinforce:
             mean_return = float(np.mean([r for _, _, r in batch]))
             self.baseline = mean_return if self.baseline is None else (
                 config.baseline_decay * self.baseline + (1 - config.baseline_decay) * mean_return)
-            record = {"episodes": self.episodes_done, "loss": float(loss), "rollout_psnr": float(np.mean(psnrs))}
+            record = {"episodes": self.episodes_done, "loss": loss.item(), "rollout_psnr": float(np.mean(psnrs))}
             self.history.append(record)
             writer.add_scalar("reinforce/rollout_psnr", record["rollout_psnr"], self.episodes_done)
             writer.add_scalar("reinforce/loss", record["loss"], self.episodes_done)

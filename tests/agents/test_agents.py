@@ -160,6 +160,7 @@ def test_plain_policy_on_env_observations(tmp_path):
         assert play_feasible_episode(env, policy, seed=1)["num_reuse"] == 6
 
 
+@pytest.mark.filterwarnings("error:Converting a tensor with requires_grad=True to a scalar:UserWarning")
 def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     import gymnasium as gym
 
