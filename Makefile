@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CORE_VENV ?= .venv-core
 CORE_PY := $(CORE_VENV)/bin/python
 
-.PHONY: quickstart test test-slow test-core docs bench mutate clean-venv
+.PHONY: quickstart test test-slow test-core docs bench mutate leaderboard clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# the leaderboard, continued from its run records in leaderboard/tiny (about 12 h on 2 cores, so it is made over many
+# sessions: a rerun collects nothing twice and runs only what is missing), then its page; commit the new records
+BOARD := --out leaderboard/tiny --updates 8000 --online-episodes 192 --curve-points 4
+leaderboard: $(STAMP)
+	$(VENV)/bin/morca collect morca/tiny/random-v0 --episodes 400
+	$(VENV)/bin/morca collect morca/tiny/anchored-v2 --episodes 400
+	$(VENV)/bin/morca leaderboard $(BOARD) $(ARGS)
+	$(VENV)/bin/morca leaderboard --out leaderboard/tiny --report --page docs/results/leaderboard_tiny.md
 
 # the documentation site (mkdocs-material, mkdocstrings from the docstrings) into site/; fails on any warning
 docs: $(STAMP)

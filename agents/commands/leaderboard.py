@@ -428,6 +428,20 @@ def check_fingerprint(out: Path, args) -> None:
         atomic_write_text(path, json.dumps(mine, indent=1) + "\n")
 
 
+def board_command(argv: list[str]) -> str:
+    """The command for the page: as given, less `--workers` (a machine's choice that changes no score), so a board
+    continued on other machines keeps one command."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--workers":
+            skip = True
+        elif not token.startswith("--workers="):
+            kept.append(token)
+    return " ".join(["morca leaderboard", *kept])
+
+
 def main(argv=None) -> int:
     from morca_env.cli import positive_int, worker_count
 
@@ -461,7 +475,7 @@ def main(argv=None) -> int:
     p.add_argument("--page", default=None, help="the Markdown page to write (default: <out>/leaderboard.md; the "
                    "project's own page is its documentation's results/leaderboard_tiny.md)")
     args = p.parse_args(argv)
-    args.command = " ".join(["morca leaderboard", *(sys.argv[1:] if argv is None else argv)])
+    args.command = board_command(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         p.error(f"--out {out} is a file; give a directory")

@@ -75,6 +75,12 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert (out / "command.txt").read_text() == whole  # the page still names the command that makes all of it
 
 
+def test_the_pages_command_leaves_out_the_machines_worker_count():
+    assert leaderboard.board_command(["--out", "b", "--workers", "2", "--updates", "8"]) == \
+        "morca leaderboard --out b --updates 8"
+    assert leaderboard.board_command(["--workers=1", "--seeds", "5"]) == "morca leaderboard --seeds 5"
+
+
 def test_methods_picks_those_entries_only():
     from types import SimpleNamespace
 
@@ -362,3 +368,31 @@ def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path):
             if line.startswith("| ") and line[2].isdigit()}
     assert rows == {"Flat on mixture": "yes", "Rising on mixture": "no"}
     assert (tmp_path / "board_curves.png").stat().st_size > 1000
+
+
+ROOT = Path(__file__).resolve().parents[2]
+BOARD = ROOT / "leaderboard" / "tiny"
+
+
+def test_the_committed_run_records_are_whole_runs_of_the_board_under_their_own_names():
+    """The board is made over many sessions and machines from the records in the repository, and its page from
+    them alone: each record must be a finished run of the board's own jobs, made with the settings the page states
+    and the command it gives."""
+    settings = json.loads((BOARD / "settings.json").read_text())
+    command = (BOARD / "command.txt").read_text().strip()
+    assert command.startswith("morca leaderboard --out leaderboard/tiny ")
+    for key in ("updates", "online_episodes", "curve_points"):  # the page's command makes these runs
+        assert f"--{key.replace('_', '-')} {settings[key]}" in command, key
+    page = (ROOT / "docs" / "results" / "leaderboard_tiny.md").read_text()
+    assert (f"offline {settings['updates']} gradient updates" in page
+            and f"first {settings['episodes']} episodes" in page
+            and f"online {settings['online_episodes']} environment episodes" in page)
+    args = argparse.Namespace(only=["rules", "offline", "online"], datasets=["random", "anchored"], seeds=5,
+                              tracks=["full", "scalars"], methods=None)
+    names = {leaderboard.run_name(job) for job in leaderboard.jobs(args)}
+    records = sorted((BOARD / "runs").glob("*.json"))
+    assert records, "no run record is committed"
+    for path in records:
+        record = leaderboard.finished_run(path)
+        assert record is not None and path.stem in names and leaderboard.run_name(record) == path.stem, path.name
+        assert set(record["scores"]) == {"2", "2.5", "3"} and record["machine"], path.name
