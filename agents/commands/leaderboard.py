@@ -111,16 +111,17 @@ def buffer_of(dataset: str, episodes: int, track: str = "full", n_step: int = 1)
 
 
 def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full", checkpoints=(), on_checkpoint=None,
-                 gamma: float = GAMMA):
+                 gamma: float = GAMMA, device: str = "cpu"):
     """`method` trained on `buffer`: the MORCA IQL reads the full track's flat buffer, its latent branch off on the
     scalars track (the paper's scalar state); the others read the track's own flat observations. At each update
-    count in `checkpoints`, `on_checkpoint(policy, updates_so_far)` (the learning curve)."""
+    count in `checkpoints`, `on_checkpoint(policy, updates_so_far)` (the learning curve). The MORCA IQL trains on
+    `device`; the MLP algorithms on the CPU (their updates cost milliseconds there: a GPU would add transfers)."""
     import d3rlpy
 
     import agents
 
     d3rlpy.seed(seed)
-    algo = offline_config(method, track, gamma).create(device="cpu")
+    algo = offline_config(method, track, gamma).create(device=device if method == "IQL (MORCA)" else "cpu")
     wrap = (lambda a: agents.MorcaPolicy(a)) if method == "IQL (MORCA)" else (lambda a: a)
     done = 0
     for stop in sorted({*(c for c in checkpoints if 0 < c < updates), updates}):
@@ -302,20 +303,26 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     offline, buffer = None, None
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
-        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track).algo
+        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track, device=iql_device(args)).algo
         if on_checkpoint is not None and checkpoints:
             on_checkpoint(agents.MorcaPolicy(offline), 0)
     config = online_config(episodes, args.updates, getattr(args, "n_step", 1), speedup_range=speedups, seed=seed,
                            features=features)
-    trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False)
+    trainer = OnlineTrainer(env, config, run_dir, offline_algo=offline, offline_buffer=buffer, progress=False,
+                            device=iql_device(args))
     trainer.run(None if on_checkpoint is None or not checkpoints else
                 lambda algo, count: on_checkpoint(agents.MorcaPolicy(algo), count))
     return agents.MorcaPolicy(trainer.algo)
 
 
-def machine() -> str:
+def iql_device(args) -> str:
+    """The torch device the MORCA IQL runs train on (`--device`; boards from before it: the CPU)."""
+    return getattr(args, "device", "cpu")
+
+
+def machine(device: str = "cpu") -> str:
     """Where a run was made, for the page (the board is resumed across sessions and machines): the CPU model and
-    its cores (every algorithm here trains on the CPU)."""
+    its cores, and the GPU a run trained on."""
     import platform
 
     model = platform.processor() or platform.machine()
@@ -324,7 +331,12 @@ def machine() -> str:
                      if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{model}, {os.cpu_count()} cores"
+    where = f"{model}, {os.cpu_count()} cores"
+    if device.startswith("cuda"):
+        import torch
+
+        where += f", trained on {torch.cuda.get_device_name(torch.device(device))}"
+    return where
 
 
 def run_job(job: dict, args) -> dict:
@@ -356,7 +368,7 @@ def run_job(job: dict, args) -> dict:
         buffer = buffer_of(job["dataset"], args.episodes, track, getattr(args, "n_step", 1))
         policy = offline_algo(job["method"], buffer, args.updates,
                               job["seed"], track_of(job), curve_points(args.updates, getattr(args, "curve_points", 0)),
-                              checkpoint if validate else None)
+                              checkpoint if validate else None, device=iql_device(args))
         budget = f"{args.updates} updates on {args.episodes} episodes"
     else:
         policy = online_policy(job, args, Path(args.out) / "train" / run_name(job),
@@ -375,7 +387,8 @@ def run_job(job: dict, args) -> dict:
     result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
                                 pair_step=args.pair_step)
     env.close()
-    return {**job, "machine": machine(), "budget": budget, "train_s": train_s,
+    trained_on = iql_device(args) if "IQL" in job["method"] else "cpu"
+    return {**job, "machine": machine(trained_on), "budget": budget, "train_s": train_s,
             "eval_s": time.perf_counter() - t0 - train_s,
             "played_on": result.observation, "curve": curve,
             "curve_x": "gradient updates" if job["family"] == "offline" else "env episodes",
@@ -443,7 +456,7 @@ def board_command(argv: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    from morca_env.cli import positive_int, worker_count
+    from morca_env.cli import positive_int, torch_device, worker_count
 
     p = argparse.ArgumentParser(prog="morca leaderboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/leaderboard")
@@ -471,6 +484,9 @@ def main(argv=None) -> int:
                         "the paper's, whose terminal-only reward takes d3rlpy's target network (updated every 8000 "
                         "updates by default) longer than the board's budget to propagate")
     p.add_argument("--workers", type=worker_count, default=2)
+    p.add_argument("--device", type=torch_device, default="cpu",
+                   help="where the MORCA IQL runs train (offline, offline-to-online, online); the other methods train "
+                        "on the CPU, every run plays its episodes there")
     p.add_argument("--report", action="store_true", help="only write the page from the finished runs")
     p.add_argument("--page", default=None, help="the Markdown page to write (default: <out>/leaderboard.md; the "
                    "project's own page is its documentation's results/leaderboard_tiny.md)")

@@ -307,6 +307,57 @@ def test_online_methods_on_the_scalars_track(method, played_on, tmp_path, monkey
     assert leaderboard.run_job(job, args)["played_on"] == played_on
 
 
+def test_only_the_morca_iql_runs_train_on_the_boards_device(tmp_path, monkeypatch):
+    """`--device cuda` moves the IQL runs (20x the MLP algorithms' update cost) to the GPU, offline and online; the
+    other methods stay on the CPU, where their updates take milliseconds."""
+    import types
+
+    import agents
+    import agents.online
+
+    seen = {}
+
+    class Config:
+        def __init__(self, method):
+            self.method = method
+
+        def create(self, device):
+            seen[self.method] = device
+            return types.SimpleNamespace(fit=lambda *a, **k: None)
+
+    monkeypatch.setattr(leaderboard, "offline_config", lambda method, track="full", gamma=1.0: Config(method))
+    monkeypatch.setattr(agents, "MorcaPolicy", lambda algo: algo)
+    for method in ("IQL (MORCA)", "DiscreteCQL"):
+        leaderboard.offline_algo(method, None, 4, 0, device="cuda:3")
+    assert seen == {"IQL (MORCA)": "cuda:3", "DiscreteCQL": "cpu"}
+
+    class Built(Exception):
+        pass
+
+    def trainer(*args, device, **kwargs):
+        seen["online"] = device
+        raise Built
+
+    monkeypatch.setattr(agents.online, "OnlineTrainer", trainer)
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    args = argparse.Namespace(online_episodes=2, updates=6, episodes=2, n_step=3, device="cuda:3")
+    job = {"family": "online", "method": "IQL online (scratch)", "dataset": "-", "seed": 0, "track": "scalars"}
+    with pytest.raises(Built):
+        leaderboard.online_policy(job, args, tmp_path / "run")
+    assert seen["online"] == "cuda:3"
+
+
+def test_a_device_this_machine_lacks_is_refused_naming_the_valid_ones(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as exit_:
+        leaderboard.main(["--device", "cuda", "--out", str(tmp_path / "board")])
+    assert exit_.value.code == 2 and "'cuda': this machine has no CUDA device; valid here: cpu" in capsys.readouterr().err
+    assert not (tmp_path / "board").exists()
+
+
 def test_curve_checkpoints_double_up_to_the_budget():
     assert leaderboard.curve_points(1000, 4) == [125, 250, 500, 1000]
     assert leaderboard.curve_points(48, 4) == [6, 12, 24, 48]
