@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# On a lent GPU machine (the `device` tool; one NVIDIA GPU, 16 cores, nothing reachable): the board's MORCA IQL
-# runs, whose updates cost 20x the MLP algorithms' on a CPU, trained on the GPU, 14 at a time, played on the cores.
-# Prepared here, not yet run on a device. Here first: `bash leaderboard/gpu_wheels.sh`; then one call of
-#   run(command="bash leaderboard/gpu_sweep.sh", carry=[".whl"], timeout_s=600)
-# and unpack what comes back here: `tar -xf <files_at>/runs.tar -C leaderboard/tiny` (finished runs only, each whole;
-# a run already here is never rerun there, the records travel with the tree). SMOKE=1: install, imports and one
-# 20-update IQL run on the GPU (about 2 min), to check the machine before spending a sweep on it.
+# On a GPU machine (one GPU and 16 cores, say; no network needed): the board's full-track MORCA IQL runs, whose
+# updates cost 20x the MLP algorithms' on a CPU, trained on the GPU, 14 at a time, played on the cores.
+# Prepared and dry-run on a CPU, not yet run on a GPU. Here first: `bash leaderboard/gpu_wheels.sh`; then, there, in
+# a copy of this checkout with .whl/ (its Python 3.12 and torch), `OUT=<folder> bash leaderboard/gpu_sweep.sh`
+# (with this project's device tool: run(command="bash leaderboard/gpu_sweep.sh", carry=[".whl"], timeout_s=600)).
+# Unpack what comes back here, while no board runs: `tar -xf <OUT>/runs.tar -C leaderboard/tiny` (finished runs
+# only, each whole; a run already here is never rerun there: the records travel with the checkout).
+# SMOKE=1: install, imports and one 20-update IQL run on the GPU (about 2 min), to check the machine and that the
+# wheels cover its image before a sweep. BUDGET_S: the seconds the call may take (default 570).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -23,7 +25,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   "$PY" -m morca_env.commands.collect morca/tiny/anchored-v2 --episodes 8 --workers 4 || exit 1
   "$PY" -m agents.commands.leaderboard --out /tmp/smoke --only offline --datasets anchored --methods "IQL (MORCA)" \
     --tracks full --seeds 1 --episodes 8 --updates 20 --curve-points 0 --pair-step 40 --device "$DEVICE" --workers 1
-  cat /tmp/smoke/runs/*.json | head -20
+  ls /tmp/smoke/runs/IQL*.json >/dev/null || { echo "smoke FAILED: no run file"; exit 1; }
+  head -c 400 /tmp/smoke/runs/IQL*.json
   echo "smoke done in $(( $(date +%s) - start )) s"
   exit 0
 fi
@@ -39,6 +42,9 @@ left=$(( ${BUDGET_S:-570} - ($(date +%s) - start) - 30 ))
 if [ "$left" -gt 120 ]; then
   timeout -s KILL "$left" "$PY" -m agents.commands.leaderboard $BOARD --methods "${IQL[@]}" --tracks full \
     --device "$DEVICE" --workers "${WORKERS:-14}"   # the scalars track's IQL runs cost minutes on a CPU: left to it
+  echo "board stopped (rc $?, 137: the time limit) at $(( $(date +%s) - start )) s"
+else
+  echo "no time left for the board after the datasets ($left s)"
 fi
-echo "board stopped (rc $?) at $(( $(date +%s) - start )) s"
-tar -cf "$OUT/runs.tar" -C leaderboard/tiny runs && tar -tf "$OUT/runs.tar" | wc -l
+# finished runs only: not a file a killed writer left before its rename (".name.json.XXXX.tmp.json")
+tar -cf "$OUT/runs.tar" --exclude='.*' -C leaderboard/tiny runs && tar -tf "$OUT/runs.tar" | wc -l

@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from importlib.util import find_spec
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -442,15 +443,16 @@ def check_fingerprint(out: Path, args) -> None:
 
 
 def board_command(argv: list[str]) -> str:
-    """The command for the page: as given, less `--workers` (a machine's choice that changes no score), so a board
-    continued on other machines keeps one command."""
+    """The command for the page: as given, less `--workers` and `--device` (a machine's choices that change no
+    protocol), so a board continued on other machines keeps one command."""
+    machine_only = ("--workers", "--device")
     kept, skip = [], False
     for token in argv:
         if skip:
             skip = False
-        elif token == "--workers":
+        elif token in machine_only:
             skip = True
-        elif not token.startswith("--workers="):
+        elif not token.startswith(tuple(f"{flag}=" for flag in machine_only)):
             kept.append(token)
     return " ".join(["morca leaderboard", *kept])
 
@@ -503,6 +505,9 @@ def main(argv=None) -> int:
     with exclusive_lock(out / ".lock", f"leaderboard {out}"):  # one writer: two would run every job twice
         if not args.report:
             check_fingerprint(out, args)
+        elif (out / "settings.json").exists():  # the page states the settings its runs were made with
+            vars(args).update({k: v for k, v in json.loads((out / "settings.json").read_text()).items()
+                               if k in FINGERPRINT})
         todo = [j for j in jobs(args) if finished_run(runs / f"{run_name(j)}.json") is None]
         command_file = out / "command.txt"  # the command that made the runs, for the page
         if not args.report and not args.methods:  # a subset continues the board; its command stays the whole one
@@ -525,11 +530,21 @@ def main(argv=None) -> int:
                     except Exception as error:  # one failed run does not stop the others; rerun to retry it
                         failed.append(run_name(job))
                         print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)
-        from agents.leaderboard_report import write_page
+        # not ".name.json.XXXX.tmp.json": a run file being written (or left by a writer killed mid-write)
+        done = [r for r in (finished_run(f) for f in sorted(runs.glob("[!.]*.json"))) if r is not None]
+        if find_spec("rliable") is None:  # a machine that only makes runs (a GPU sweep) may lack the page's extra
+            from morca_env.utils.extras import install_hint
 
-        done = [r for r in (finished_run(f) for f in sorted(runs.glob("*.json"))) if r is not None]
-        write_page(done, args, Path(args.page) if args.page else out / "leaderboard.md", jobs(args),
-                   hyperparameters(args.n_step, args.online_episodes, args.updates))
+            message = (f"the page needs rliable ({install_hint('benchmark')}); {len(done)} finished runs are in "
+                       f"{runs}: write the page where rliable is installed, with --report")
+            if args.report:
+                raise SystemExit(message)
+            print(f"page not written: {message}", file=sys.stderr)
+        else:
+            from agents.leaderboard_report import write_page
+
+            write_page(done, args, Path(args.page) if args.page else out / "leaderboard.md", jobs(args),
+                       hyperparameters(args.n_step, args.online_episodes, args.updates))
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them", file=sys.stderr)
         return 1

@@ -15,6 +15,9 @@ from agents.commands import leaderboard  # noqa: E402
 from tests.conftest import child_pids, process_running  # noqa: E402
 from morca_env.observation import SCALAR_NAMES  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+BOARD = ROOT / "leaderboard" / "tiny"  # the project's own board: its run records are committed
+
 
 def run(method, seed, scores, family="offline", dataset="mixture", rule=None):
     return {"family": family, "method": method, "dataset": dataset, "seed": seed, "rule": rule, "train_s": 1.0,
@@ -78,7 +81,28 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
 def test_the_pages_command_leaves_out_the_machines_worker_count():
     assert leaderboard.board_command(["--out", "b", "--workers", "2", "--updates", "8"]) == \
         "morca leaderboard --out b --updates 8"
-    assert leaderboard.board_command(["--workers=1", "--seeds", "5"]) == "morca leaderboard --seeds 5"
+    assert leaderboard.board_command(["--workers=1", "--seeds", "5", "--device", "cuda"]) == \
+        "morca leaderboard --seeds 5"
+
+
+def test_a_report_states_the_runs_settings_and_counts_no_file_being_written(tmp_path, monkeypatch):
+    """`--report` alone writes the page with the settings the runs were made with (not the command's defaults), and a
+    run file caught mid-write (or left by a writer killed before its rename) is not a run."""
+    out = tmp_path / "board"
+    (out / "runs").mkdir(parents=True)
+    (out / "settings.json").write_text(json.dumps({"episodes": 40, "updates": 8, "online_episodes": 6,
+                                                   "pair_step": 2, "curve_points": 4, "n_step": 50}))
+    record = (ROOT / "leaderboard" / "tiny" / "runs" / "uniform_____s0.json").read_text()
+    (out / "runs" / "uniform_____s0.json").write_text(record)
+    (out / "runs" / ".uniform_____s0.json.k2j4.tmp.json").write_text(record)
+    page = tmp_path / "page.md"
+    assert leaderboard.main(["--out", str(out), "--report", "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "offline 8 gradient updates" in text and "first 40 episodes" in text and "online 6 environment" in text
+    assert "| uniform | 1 |" in text
+    monkeypatch.setattr(leaderboard, "find_spec", lambda name: None if name == "rliable" else object())
+    with pytest.raises(SystemExit, match="the page needs rliable .*1 finished runs are in"):
+        leaderboard.main(["--out", str(out), "--report", "--page", str(page)])
 
 
 def test_methods_picks_those_entries_only():
@@ -224,7 +248,7 @@ def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_
     assert seen == ["scalars"] and record["track"] == "scalars" and record["played_on"] == "scalars"
     trained = []
     original = leaderboard.offline_algo
-    monkeypatch.setattr(leaderboard, "offline_algo", lambda *a: trained.append(original(*a)) or trained[-1])
+    monkeypatch.setattr(leaderboard, "offline_algo", lambda *a, **k: trained.append(original(*a, **k)) or trained[-1])
     iql = leaderboard.run_job({**job, "method": "IQL (MORCA)"}, args)  # the MORCA network, its latent branch off
     assert seen[-1] == "full" and iql["played_on"] == "full"
     config = trained[-1].algo.config
@@ -421,9 +445,6 @@ def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path):
     assert (tmp_path / "board_curves.png").stat().st_size > 1000
 
 
-ROOT = Path(__file__).resolve().parents[2]
-BOARD = ROOT / "leaderboard" / "tiny"
-
 
 def test_the_committed_run_records_are_whole_runs_of_the_board_under_their_own_names():
     """The board is made over many sessions and machines from the records in the repository, and its page from
@@ -441,9 +462,13 @@ def test_the_committed_run_records_are_whole_runs_of_the_board_under_their_own_n
     args = argparse.Namespace(only=["rules", "offline", "online"], datasets=["random", "anchored"], seeds=5,
                               tracks=["full", "scalars"], methods=None)
     names = {leaderboard.run_name(job) for job in leaderboard.jobs(args)}
-    records = sorted((BOARD / "runs").glob("*.json"))
+    records = sorted((BOARD / "runs").glob("[!.]*.json"))  # not a file being written
     assert records, "no run record is committed"
     for path in records:
         record = leaderboard.finished_run(path)
         assert record is not None and path.stem in names and leaderboard.run_name(record) == path.stem, path.name
         assert set(record["scores"]) == {"2", "2.5", "3"} and record["machine"], path.name
+        if record["family"] == "offline":
+            assert record["budget"] == f"{settings['updates']} updates on {settings['episodes']} episodes", path.name
+        elif record["family"] == "online":
+            assert record["budget"].startswith(f"{settings['online_episodes']} env episodes"), path.name
