@@ -175,7 +175,8 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
                   "online IQL's first point, at 0 episodes, is its offline phase alone).", "",
                   f"![learning curves]({curve_plot.name})", ""]
     command = args.run_command or args.command
+    records = f", one JSON record each in `{Path(args.out) / 'runs'}`" if getattr(args, "out", None) else ""
     lines += [f"![performance profile]({plot.name})", "", f"Remake: `{command}` (resumable: a rerun continues; "
-              "`--report` rewrites this page from the runs done).", ""]
+              f"`--report` rewrites this page from the runs done{records}).", ""]
     atomic_write_text(page, "\n".join(lines))
     print(f"wrote {page} and {plot}")

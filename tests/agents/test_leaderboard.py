@@ -99,7 +99,7 @@ def test_a_report_states_the_runs_settings_and_counts_no_file_being_written(tmp_
     assert leaderboard.main(["--out", str(out), "--report", "--page", str(page)]) == 0
     text = page.read_text()
     assert "offline 8 gradient updates" in text and "first 40 episodes" in text and "online 6 environment" in text
-    assert "| uniform | 1 |" in text
+    assert "| uniform | 1 |" in text and f"one JSON record each in `{out / 'runs'}`" in text
     monkeypatch.setattr(leaderboard, "find_spec", lambda name: None if name == "rliable" else object())
     with pytest.raises(SystemExit, match="the page needs rliable .*1 finished runs are in"):
         leaderboard.main(["--out", str(out), "--report", "--page", str(page)])
