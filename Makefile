@@ -67,7 +67,7 @@ mutate: $(STAMP)
 	$(PY) research/mutation_testing/mutation_score.py
 
 bench: $(STAMP)
-	for b in perf/*.py; do $(PY) $$b || exit 1; done
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV) $(CORE_VENV)

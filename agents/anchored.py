@@ -216,7 +216,7 @@ class AnchoredPolicy:
         if self._plays_baseline:
             # the baseline itself, at the baseline's cost: its lookup inlined (the re-planning below is for
             # departures; free steps are counted when the record is read). At equal measured speedup every
-            # step's microseconds count in K (perf/bench_step_cost.py, median of 5: calling the baseline
+            # step's microseconds count in K (benchmarks/bench_step_cost.py, median of 5: calling the baseline
             # and counting here cost 18.0 us a step against its 15.3; inlined, 17.3 against 17.1)
             return feasible(self._schedule[step_index(obs, self._num_steps)], obs)
         mask = obs["action_mask"]

@@ -141,7 +141,7 @@ def offline_config(method: str, track: str = "full", gamma: float = GAMMA):
     import agents
 
     # IQL's twin Q and V share one encoder: the paper's architecture allows it, and it halves the update cost
-    # (perf/bench_update_cost.py), so the board's common budget buys the method more of what it needs
+    # (benchmarks/bench_update_cost.py), so the board's common budget buys the method more of what it needs
     encoder = agents.MorcaEncoderFactory(features="" if track == "scalars" else "p3,mean,var")
     shared = functools.partial(agents.DiscreteIQLConfig, shared_critic_encoder=True, actor_encoder_factory=encoder,
                                critic_encoder_factory=encoder, value_encoder_factory=encoder)

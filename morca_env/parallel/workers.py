@@ -19,7 +19,7 @@ from ..registration import register_envs
 
 _ENV = None  # this worker process's env (`init_env_worker`)
 # episodes a worker or trainer plays as one batch in a MorcaVectorEnv (`--num-envs`): on the 2-core CPU, 8 gave
-# 1.39x the episodes/s of one env at 1 thread and 2.04x at 2 (16: 1.25x / 2.16x), perf/bench_vector.py
+# 1.39x the episodes/s of one env at 1 thread and 2.04x at 2 (16: 1.25x / 2.16x), benchmarks/bench_vector.py
 DEFAULT_NUM_ENVS = 8
 
 

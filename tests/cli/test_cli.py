@@ -60,7 +60,7 @@ def test_a_renamed_subcommand_answers_under_its_old_name_with_a_notice(capsys):
 def test_no_script_duplicates_a_morca_command():
     """`morca <command>` is the one way to run a job: no script outside the package calls a command's module
     (a wrapper that repeats it under another name)."""
-    wrappers = [str(s.relative_to(ROOT)) for folder in ("research", "perf", "examples") for s in (ROOT / folder).rglob("*.py")
+    wrappers = [str(s.relative_to(ROOT)) for folder in ("research", "benchmarks", "examples") for s in (ROOT / folder).rglob("*.py")
                 if any(f"{package}.commands.{name.replace('-', '_')}" in s.read_text() for package in ("morca_env", "agents")
                        for name in commands.commands())]
     assert not wrappers and set(commands.commands()) == EXPECTED

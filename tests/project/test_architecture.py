@@ -124,7 +124,7 @@ def test_morca_env_never_imports_agents():
     assert reaching == []
 
 
-OUTSIDE = ("research", "perf", "examples")  # studies, timing tools and examples: not installed
+OUTSIDE = ("research", "benchmarks", "examples")  # studies, timing tools and examples: not installed
 
 
 def test_code_outside_the_package_uses_only_its_public_names():

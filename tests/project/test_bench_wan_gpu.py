@@ -1,4 +1,4 @@
-"""The GPU check prepared: perf/bench_wan_gpu.py at its real config (counted) and at --tiny on the CPU."""
+"""The GPU check prepared: benchmarks/bench_wan_gpu.py at its real config (counted) and at --tiny on the CPU."""
 
 import importlib
 import json
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench():
-    return importlib.import_module("perf.bench_wan_gpu")  # the checkout's root is on the tests' pythonpath
+    return importlib.import_module("benchmarks.bench_wan_gpu")  # the checkout's root is on the tests' pythonpath
 
 
 def test_the_real_config_is_wan21_t2v_1_3b(bench):

@@ -1,7 +1,7 @@
 """MorcaEnv on this machine: realised speedup against target after calibration, and the env's own overhead.
 
-    python perf/bench_env.py [--env MorcaTiny-v0] [--prompts 20] [--threads 1] [--calibrate 8] [--timing-repeats 3]
-    python perf/bench_env.py --env-kwargs '{"latent_features": false}'   # the env rule schedulers need
+    python benchmarks/bench_env.py [--env MorcaTiny-v0] [--prompts 20] [--threads 1] [--calibrate 8] [--timing-repeats 3]
+    python benchmarks/bench_env.py --env-kwargs '{"latent_features": false}'   # the env rule schedulers need
 
 First the speedup calibration is measured on this machine, now (`--calibrate 0`:
 use the installed one; wall-clock ratios on a shared VM drift by several % within

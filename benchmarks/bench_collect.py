@@ -1,7 +1,7 @@
 """Collection throughput on MorcaTiny: episodes per minute with 1 and 2 workers, measured in one run,
 and with 2 Ray actors on a local Ray runtime next to them (when ray is installed; --no-ray skips it).
 
-    python perf/bench_collect.py [--episodes 120] [--env MorcaTiny-v0] [--no-ray]
+    python benchmarks/bench_collect.py [--episodes 120] [--env MorcaTiny-v0] [--no-ray]
 
 Each worker is a process with one torch thread. Both runs build a fresh dataset
 in a temporary Minari root, with references pre-generated so that only

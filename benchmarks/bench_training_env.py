@@ -1,7 +1,7 @@
 """What a training episode costs: the training env's fixed pool against a fixed-seed episode and a fresh seed per
 episode, measured in one run, interleaved so that machine noise hits all three alike.
 
-    python perf/bench_training_env.py [--env MorcaTiny-v0] [--episodes 24] [--threads 1]
+    python benchmarks/bench_training_env.py [--env MorcaTiny-v0] [--episodes 24] [--threads 1]
 
 * fixed seed: one (prompt, seed) replayed, its reference cached (the floor: an episode and nothing else);
 * pool: `benchmark.training_env` (`Suite.train_pool`), after one pass that renders the references of the pairs

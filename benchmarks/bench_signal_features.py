@@ -1,6 +1,6 @@
 """Per-step cost of the scheduler's inputs at Wan2.1's latent size (1, 16, 21, 60, 104), on the CPU.
 
-    python perf/bench_signal_features.py [--threads 1] [--repeats 20]
+    python benchmarks/bench_signal_features.py [--threads 1] [--repeats 20]
 
 Times, per denoising step: the SEA-filtered step distance on the raw latent
 (`latent` signal: filter + relative L1 against the previous step) and phi(x)

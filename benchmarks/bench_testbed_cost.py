@@ -1,6 +1,6 @@
 """What one episode costs on each CPU testbed, measured in one run: MorcaScenes-v0 against MorcaTiny-v0.
 
-    python perf/bench_testbed_cost.py [--prompts 6] [--timing-repeats 3] [--threads 1]
+    python benchmarks/bench_testbed_cost.py [--prompts 6] [--timing-repeats 3] [--threads 1]
 
 For each testbed and each of `--prompts` eval prompts: the stock no-cache generation
 (50 steps, CFG) and a full env episode with no reuse (K = 0: every step recomputes, and

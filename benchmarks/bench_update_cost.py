@@ -1,7 +1,7 @@
 """What one offline update costs: the MORCA scheduler's discrete IQL against the MLP algorithms of the board,
 on the same transitions (MorcaTiny's observation sizes), measured in one run.
 
-    python perf/bench_update_cost.py [--threads 1] [--updates 20] [--channels 3]
+    python benchmarks/bench_update_cost.py [--threads 1] [--updates 20] [--channels 3]
 
 Each algorithm is timed in alternating blocks (so a change in the machine's load falls on all of them), at its
 leaderboard config (d3rlpy's defaults: DiscreteCQL, DQN and DiscreteBC at batch 32; IQL at its own 256) and at

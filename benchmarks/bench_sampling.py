@@ -1,6 +1,6 @@
 """How much of an offline IQL update is batch sampling, with d3rlpy's sampler and with `TransitionSampler`?
 
-    python perf/bench_sampling.py [--episodes 400] [--updates 200] [--threads 1]
+    python benchmarks/bench_sampling.py [--episodes 400] [--updates 200] [--threads 1]
 
 The buffer is the quickstart's: MorcaTiny-shaped episodes of 50 steps with the terminal PSNR as
 the only reward, n_step=50 returns, the scalar-state network, batches of 256. Both samplers run

@@ -2,13 +2,13 @@
 on 1 and 2 torch threads, with memory per sub-env; then collection end to end with and without batching. One run,
 so the ratios share the machine's load.
 
-    python perf/bench_vector.py [--episodes 32] [--sizes 1 2 4 8 16 32] [--threads 1 2] [--collect 64]
+    python benchmarks/bench_vector.py [--episodes 32] [--sizes 1 2 4 8 16 32] [--threads 1 2] [--collect 64]
 
 Every configuration plays the same episodes (env seeds base .. base + episodes - 1, target 3x, a random feasible
 policy that differs per sub-env, so batches mix reuse and recompute rows), with their references generated before
 the clock; each env's first reset (its stock timing runs) is not timed either. Memory: the process's resident
 set after the env's first episode minus before it was built, per sub-env (this is the batch's working set on the
-CPU; on a GPU read torch.cuda.max_memory_allocated, perf/bench_wan_gpu.py). Collection: `collect_dataset`
+CPU; on a GPU read torch.cuda.max_memory_allocated, benchmarks/bench_wan_gpu.py). Collection: `collect_dataset`
 of the quickstart's mixture recipe with 2 worker processes of one thread each, references generated inside the
 run as in the quickstart, with num_envs = 1 and 8.
 """

@@ -1,6 +1,6 @@
 """Does a fixed slice of the quickstart survive a shared machine? Time it alone and beside one busy process.
 
-    python perf/bench_contention.py [--updates 400] [--pairs 3] [--threads auto]
+    python benchmarks/bench_contention.py [--updates 400] [--pairs 3] [--threads auto]
 
 The slice is the stage that collapsed on the 2-core VM (41 min instead of 9
 for the whole quickstart; offline IQL at 0.5-2 updates/s instead of ~38):

@@ -1,8 +1,8 @@
 """Wan2.1-T2V-1.3B in MorcaEnv on a GPU, with random weights (nothing to download).
 
-    python perf/bench_wan_gpu.py                        # CUDA, 480p x 81 frames, 50 steps, bf16
-    python perf/bench_wan_gpu.py --steps 20 --ks 0 6 12 18 --out runs/bench_wan_gpu.json
-    python perf/bench_wan_gpu.py --tiny                 # a tiny size on the CPU (the test runs this)
+    python benchmarks/bench_wan_gpu.py                  # CUDA, 480p x 81 frames, 50 steps, bf16
+    python benchmarks/bench_wan_gpu.py --steps 20 --ks 0 6 12 18 --out runs/bench_wan_gpu.json
+    python benchmarks/bench_wan_gpu.py --tiny           # a tiny size on the CPU (the test runs this)
 
 The transformer is diffusers' `WanTransformer3DModel` at the Wan2.1-T2V-1.3B config
 (`WAN21_T2V_1_3B`: 30 blocks, 12 heads x 128, FFN 8960, text dim 4096; 1.42B
@@ -18,7 +18,7 @@ features, observation, solver, decode).
 Measured, for each K in `--ks` (uniform schedule, one episode each after a warm-up):
 the episode latency (`info["latency_s"]`), the realised speedup against the env's
 stock generation, the env's overhead share (`info["overhead_s"] / info["latency_s"]`:
-signal + features + observation, as perf/bench_env.py reports it), and every
+signal + features + observation, as benchmarks/bench_env.py reports it), and every
 step's own latency split by action (a full step runs both CFG branches through the
 30 blocks; a reuse step only the head and tail). Printed: one full / reuse step's
 latency, the overhead share, the latency-vs-K line (least squares, with its
@@ -29,7 +29,7 @@ dtypes and code); the videos and PSNRs are meaningless.
 `--batches 1 2 4`: then `MorcaVectorEnv` batches of those sizes on the same pipeline (`gym.make_vec`: one
 transformer call per CFG branch and step for the batch, uniform schedules at the middle K), one batch of
 episodes after a warm-up batch each: videos per second, their ratio to the batch of one, and the peak
-device memory per video (CUDA). `python perf/bench_vector.py --device cuda` measures MorcaTiny's batches,
+device memory per video (CUDA). `python benchmarks/bench_vector.py --device cuda` measures MorcaTiny's batches,
 where a GPU is latency-bound and batching pays most.
 """
 

@@ -1,6 +1,6 @@
 """What the env and the learned scheduler cost next to MorcaTiny's own work, measured in one run.
 
-    python perf/bench_env_overhead.py [--prompts 6] [--timing-repeats 3] [--threads 1]
+    python benchmarks/bench_env_overhead.py [--prompts 6] [--timing-repeats 3] [--threads 1]
 
 For each held-out prompt: one stock no-cache generation, then uniform-schedule episodes
 at K = 0, the K of 2x / 2.5x / 3x (the packaged calibration) and K_max, once with latent

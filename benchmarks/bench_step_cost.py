@@ -1,6 +1,6 @@
 """What each scheduler charges a MorcaTiny episode per step, measured in one run as the evaluation measures it.
 
-    python perf/bench_step_cost.py [--methods best-fixed uniform follow-best-fixed morca] [--repeats 3]
+    python benchmarks/bench_step_cost.py [--methods best-fixed uniform follow-best-fixed morca] [--repeats 3]
 
 At equal measured speedup every exact-K method pays its own per-step time in K
 (`morca_env.evaluation.runner`), so a scheduler that plays the best fixed

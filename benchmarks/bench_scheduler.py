@@ -1,7 +1,7 @@
 """The MORCA scheduler's own cost on the CPU: per-step inference at Wan2.1's and MorcaTiny's feature sizes,
 and discrete-IQL training throughput, measured in one run.
 
-    python perf/bench_scheduler.py [--threads 1] [--repeats 200] [--updates 30]
+    python benchmarks/bench_scheduler.py [--threads 1] [--repeats 200] [--updates 30]
 
 Inference = one policy forward (batch 1, masked logits, no grad), as the env
 calls it once per denoising step. Wan2.1 has C = 16 latent channels, so the
