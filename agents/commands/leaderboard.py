@@ -189,7 +189,8 @@ def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str,
              "n_epochs": "epochs", "learning_starts": "learning starts", "exploration_fraction": "exploration fraction",
              "n_step": "n-step", "rounds": "rounds", "trajectories_per_round": "episodes / round",
              "max_steps_per_epoch": "updates / epoch", "episodes_per_update": "episodes / update",
-             "baseline_decay": "baseline decay", "observation": "observation"}
+             "baseline_decay": "baseline decay", "observation": "observation",
+             "shared_critic_encoder": "critic and value share an encoder"}
     steps = episodes * 50
     rows = []
     for method in OFFLINE:
@@ -209,8 +210,12 @@ def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str,
     rows.append(("IQL online (both)", {k: v for k, v in online.items() if k in names}))
     rows.append(("REINFORCE", {k: v for k, v in dataclasses.asdict(ReinforceConfig()).items() if k in names}))
     names["rollout"] = "rollout"
-    return [(method, ", ".join(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}"
-                               for k, v in fields.items())) for method, fields in rows]
+    def shown(key, value):
+        if isinstance(value, bool):  # a switch reads as its name, or not at all
+            return names[key] if value else None
+        return f"{names[key]} {value:g}" if isinstance(value, float) else f"{names[key]} {value}"
+
+    return [(method, ", ".join(filter(None, (shown(k, v) for k, v in fields.items())))) for method, fields in rows]
 
 
 def curve_points(total: int, points: int) -> list[int]:

@@ -50,6 +50,8 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     settings = dict(line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| D"))
     assert "gamma 1" in settings["| DiscreteCQL"] and "target sync every 8000" in settings["| DiscreteCQL"]
     assert "n-step" not in settings["| DiscreteBC"]  # no value target
+    iql = next(line for line in text.splitlines() if line.startswith("| IQL (MORCA) |"))
+    assert "critic and value share an encoder" in iql  # the board's IQL, not the paper's four networks
 
 
 @pytest.mark.slow  # about 60 s on one core: kept out of the default suite (about 13 min)
