@@ -44,12 +44,13 @@ docs: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -d site
 
-# the core install alone on the newest gymnasium 1.x, beside torchrl and tianshou (no d3rlpy, sb3, lpips)
+# the core install alone on the newest gymnasium 1.x, beside torchrl, tianshou and stable-baselines3 / sb3-contrib
+# (no d3rlpy: it pins gymnasium 1.0; no lpips)
 $(CORE_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_PY) -m pip install --quiet --upgrade pip
 	$(CORE_PY) -m pip install --quiet torch==2.14.1
-	$(CORE_PY) -m pip install --quiet -e ".[dev]" "gymnasium>=1.1,<2" torchrl tianshou
+	$(CORE_PY) -m pip install --quiet -e ".[dev,sb3]" "gymnasium>=1.1,<2" torchrl tianshou
 	touch $(CORE_VENV)/.installed
 
 test-core: $(CORE_VENV)/.installed

@@ -10,8 +10,8 @@ torch.set_num_threads(1)
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
-# The modules the core CI venv runs (`pytest -m core`: the core install on the newest gymnasium, with torchrl and
-# tianshou, no d3rlpy / stable-baselines3 / lpips): the env, the cache rules, data, the benchmark and the examples.
+# The modules the core CI venv runs (`pytest -m core`: the core install on the newest gymnasium, with torchrl,
+# tianshou, stable-baselines3 and sb3-contrib, no d3rlpy / lpips): the env, the cache rules, data, the benchmark and the examples.
 # A test in them that needs an extra skips itself (pytest.importorskip); test_extras checks the full venv has all.
 CORE_MODULES = {
     "test_accelerate", "test_acid", "test_benchmark", "test_budget", "test_cache", "test_collect", "test_dicache",

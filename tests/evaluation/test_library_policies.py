@@ -1,5 +1,5 @@
 """`benchmark.evaluate` given another library's own policy object, as that library's docs build it: each is scored
-on the suite with nothing in between. Runs in the core venv (torchrl, tianshou, newest gymnasium)."""
+on the suite with nothing in between. Runs in the core venv (torchrl, tianshou, sb3, newest gymnasium)."""
 
 import numpy as np
 import pytest

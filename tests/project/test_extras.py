@@ -28,13 +28,17 @@ def test_the_full_venv_has_every_extra():
 
 
 @pytest.mark.skipif(not CORE_ONLY, reason="torchrl and tianshou need gymnasium >= 1.1: the core venv has them")
-def test_the_core_venv_has_torchrl_and_tianshou_and_no_extra():
+def test_the_core_venv_has_the_online_libraries_on_the_newest_gymnasium_and_no_other_extra():
+    """torchrl, tianshou, stable-baselines3 and sb3-contrib, so each library's path is tested where a researcher on
+    the newest gymnasium has them; d3rlpy (it pins gymnasium 1.0) and lpips stay out."""
     import gymnasium
+    import sb3_contrib  # noqa: F401
+    import stable_baselines3  # noqa: F401
     import tianshou  # noqa: F401
     import torchrl  # noqa: F401
 
     assert tuple(int(x) for x in gymnasium.__version__.split(".")[:2]) >= (1, 1)
-    for module in ("d3rlpy", "stable_baselines3", "lpips"):
+    for module in ("d3rlpy", "lpips"):
         with pytest.raises(ImportError):
             __import__(module)
 
