@@ -48,7 +48,7 @@ def _encoder_field():  # pragma: no mutate block (wiring, not the loss)
 
 
 def action_mask_of(observations) -> torch.Tensor:
-    """The action mask of a batch of MORCA observations, flat (gymnasium's order) or in the tuple form."""
+    """The action mask of a batch of MORCA observations, flat (`morca_env.observation.FLAT_KEYS`) or in the tuple form."""
     if isinstance(observations, torch.Tensor) and observations.ndim == 2:
         return observations[:, FLAT_MASK]
     if not isinstance(observations, (list, tuple)) or len(observations) <= MASK_INDEX:

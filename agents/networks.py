@@ -1,7 +1,7 @@
 """The MORCA scheduler network (paper App. B.1), as a plain torch module and as a d3rlpy encoder.
 
 Input: MorcaEnv's observation as the tuple [pooled, temporal, scalars, action_mask], or flat in
-gymnasium's `spaces.flatten` order (`to_replay_buffer`'s default, `FlattenObservation(env)`):
+the flat layout (`morca_env.observation.FLAT_KEYS`; `to_replay_buffer`'s default, `FlattenObservation(env)`):
 
 * `pooled` (3C, 4, 8, 8): 3D CNN branch, conv widths (32, 32, 64), adaptive
   average pool to 2x2x2 -> 512 features (C = 16 for Wan);

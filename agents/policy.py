@@ -19,7 +19,7 @@ def observation_batch(obs: dict) -> list[np.ndarray]:
 
 
 def flat_batch(obs: dict) -> np.ndarray:
-    """One env observation -> (1, D) float32 in gymnasium's flatten order (what flat-trained algorithms read)."""
+    """One env observation -> (1, D) float32 in the flat layout, `morca_env.observation.FLAT_KEYS` (what flat-trained algorithms read)."""
     return as_flat({k: np.asarray(v)[None] for k, v in obs.items()})
 
 

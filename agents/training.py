@@ -29,8 +29,8 @@ def episode_from_trajectory(trajectory) -> Episode:
 
 
 def tuple_episode(episode: Episode) -> Episode:
-    """`episode` with tuple observations: a flat one (to_replay_buffer's default) is split by the flat layout,
-    so buffers of either form can be merged with the online episodes (tuple)."""
+    """`episode` with tuple observations: a flat one (to_replay_buffer's default) is split by the flat layout
+    (`morca_env.observation.FLAT_KEYS`), so buffers of either form can be merged with the online episodes (tuple)."""
     if isinstance(episode.observations, (list, tuple)):
         return episode
     flat = np.asarray(episode.observations)

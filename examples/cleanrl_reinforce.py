@@ -3,8 +3,8 @@
     pip install morca-gym
     python examples/cleanrl_reinforce.py                # MorcaTiny-v0, 2000 steps, then the benchmark
 
-`FlattenObservation` orders the flat vector by sorted keys (action_mask first:
-`morca_env.observation.FLAT_MASK`); `morca_env.wrappers.mask_of_flat` reads the mask back,
+`FlattenObservation` orders the flat vector as `morca_env.observation.FLAT_KEYS` (the mask first:
+`FLAT_MASK`); `morca_env.wrappers.mask_of_flat` reads the mask back,
 so the policy never samples an infeasible action. The reward is the terminal PSNR:
 REINFORCE with a running-mean baseline, one update per batch of finished episodes.
 """

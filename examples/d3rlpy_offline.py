@@ -4,7 +4,7 @@
     make quickstart                                     # or any collected dataset: minari list local
     python examples/d3rlpy_offline.py morca/tiny/mixture-v0
 
-`to_replay_buffer(dataset)` gives the flat layout (gymnasium's `spaces.flatten` order),
+`to_replay_buffer(dataset)` gives the flat layout (`morca_env.observation.FLAT_KEYS`),
 which every d3rlpy encoder takes and `gymnasium.wrappers.FlattenObservation(env)` repeats
 in the env; the benchmark feeds the algorithm the same vector. The project's
 `agents.DiscreteIQL` takes the same buffer and, through `agents.MorcaPolicy`, never

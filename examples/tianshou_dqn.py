@@ -4,8 +4,8 @@
     python examples/tianshou_dqn.py                     # MorcaTiny-v0, 2000 steps, then the benchmark
 
 tianshou's DQN masks Q values with `obs.mask` and feeds `obs.obs` to the network:
-`morca_env.wrappers.FlatWithMask` gives exactly that (the flat observation in
-gymnasium's order and the feasible actions). The env's `info` has the same plain keys
+`morca_env.wrappers.FlatWithMask` gives exactly that (the flat observation,
+`morca_env.observation.FLAT_KEYS`, and the feasible actions). The env's `info` has the same plain keys
 at every step, which tianshou's buffers need.
 """
 

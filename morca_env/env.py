@@ -134,14 +134,13 @@ class MorcaEnv(gym.Env):
 
     Two tracks: `observation="full"` (the default, above) and `observation="scalars"`, a Dict of `scalars` and
     `action_mask` alone (no latent features computed). `flat=True` gives either track as one float32 Box in
-    gymnasium's `spaces.flatten` order, the mask first (the scalars track: 9 values).
+    the flat layout's order, the mask first (`morca_env.observation.FLAT_KEYS`; the scalars track: 9 values).
 
     C is the latent's channel count (16 for Wan, 3 for the pixel-space testbeds). d_t is SeaCache's
     filtered step distance and D_t its sum since the last recompute (unbounded);
     t = remaining steps / N, l_t = steps since the last recompute / N,
     u_t = reuses so far / N, K = budget / N. The flat form (`FlattenObservation(env)`,
-    `to_replay_buffer`'s default) follows gymnasium's sorted keys: action_mask, pooled,
-    scalars, temporal (`morca_env.observation.FLAT_KEYS`).
+    `to_replay_buffer`'s default) is in that order (`morca_env.observation.FLAT_KEYS`).
 
     ## Rewards
 

@@ -18,7 +18,7 @@ from .diffusion.features import (
     batch_latent_features, feature_shapes, latent_features_no_grad, stack_batch_features, stack_features)
 from .diffusion.signals import BatchStepDistanceTracker, StepDistanceTracker
 
-# ----------------------------------------------------------------- the layout (its one home)
+# ----------------------------------------------------------------- the layout (its one home: docstrings point here)
 OBS_KEYS = ("pooled", "temporal", "scalars", "action_mask")  # order of the tuple form (d3rlpy, networks)
 FEATURE_KEYS = ("pooled", "temporal")  # latent features (float16 in datasets unless collected in float32)
 MASK_INDEX = OBS_KEYS.index("action_mask")
@@ -72,7 +72,8 @@ def track_of_flat_size(size: int) -> str:
 
 def present(obs: dict, observation: str = "full", flat: bool = False, batched: bool = False):
     """The full observation (or a batch of them, `batched`) in a track's form: its keys, and with `flat` one
-    float32 vector per observation in gymnasium's sorted-key order (`spaces.flatten` of the track's Dict space)."""
+    float32 vector per observation in the flat layout's order, `FLAT_KEYS` (`spaces.flatten` of the track's Dict
+    space)."""
     if observation != "full":
         obs = {k: obs[k] for k in TRACK_KEYS[observation]}
     if not flat:
@@ -104,7 +105,7 @@ def observation_space(channels: int, feature_dtype: str = "float32", mask_dtype:
                       observation: str = "full", flat: bool = False) -> spaces.Space:
     """MorcaEnv's observation space for a latent with `channels` channels (`feature_dtype`: of pooled/temporal;
     `mask_dtype`: of the action mask, a MultiBinary for int8, a boolean Box for bool) on a track (`observation`);
-    `flat`: one float32 Box in gymnasium's sorted-key order, the mask first."""
+    `flat`: one float32 Box in the flat layout's order, `FLAT_KEYS`, the mask first."""
     check_feature_dtype(feature_dtype)
     check_mask_dtype(mask_dtype)
     check_observation(observation)

@@ -3,9 +3,8 @@
 The env's observation is a Dict. Libraries that take it as it is: stable-baselines3
 (`MultiInputPolicy`), sb3-contrib's MaskablePPO (`env.unwrapped.action_masks()`),
 torchrl (`GymEnv` + its `ActionMask` transform reads `action_mask`). For one flat
-vector use gymnasium's own `FlattenObservation`: its order (sorted keys: action_mask,
-pooled, scalars, temporal) is `morca_env.observation.FLAT_KEYS`, the one
-`to_replay_buffer` writes, so a d3rlpy algorithm trained on a dataset reads the same
+vector use gymnasium's own `FlattenObservation`: its order is the flat layout's
+(`morca_env.observation.FLAT_KEYS`, the one `to_replay_buffer` writes), so a d3rlpy algorithm trained on a dataset reads the same
 inputs in the env; the mask is `flat[FLAT_MASK]`, the first two entries. The env's own `flat=True` gives the
 same vector without a wrapper (and the `observation="scalars"` track, 9 values).
 """
@@ -20,7 +19,7 @@ from .observation import FLAT_MASK
 
 
 class FlatWithMask(gym.ObservationWrapper):
-    """{"obs": the flat observation (gymnasium's flatten order), "mask": the feasible actions (bool)}: tianshou's
+    """{"obs": the flat observation (`morca_env.observation.FLAT_KEYS`), "mask": the feasible actions (bool)}: tianshou's
     convention (its DQN masks Q values with `obs.mask` and feeds `obs.obs` to the network)."""
 
     def __init__(self, env: gym.Env):

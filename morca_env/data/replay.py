@@ -61,8 +61,7 @@ def to_replay_buffer(dataset, observation: str = "flat", episode_indices=None, n
     Each episode of N steps gives N transitions: observations[0..N-1] with the
     action taken there; the final (terminal) observation is the next observation
     of the last transition, which is `terminated`. `observation="flat"` (the
-    default) concatenates the parts in gymnasium's sorted-key order, [action_mask,
-    pooled, scalars, temporal] (`observation.FLAT_KEYS`; row t equals
+    default) concatenates the parts in the flat layout's order (`morca_env.observation.FLAT_KEYS`; row t equals
     `gymnasium.spaces.flatten(env.observation_space, obs_t)`, so `FlattenObservation`
     feeds a policy trained on it), which every d3rlpy algorithm's default encoder takes; `"tuple"` keeps the four
     arrays, which our `agents.DiscreteIQL` (`agents.networks`) asks for. A scalars-track dataset flattens to

@@ -113,7 +113,7 @@ class CallablePolicy:
 
 def _sb3(model) -> CallablePolicy:
     """A stable-baselines3 model on the Dict observation, or on gymnasium's `FlattenObservation` of it (the env's
-    Dict is flattened in the same sorted-key order); MaskablePPO is given the mask."""
+    Dict is flattened in the same order, `morca_env.observation.FLAT_KEYS`); MaskablePPO is given the mask."""
     masked = "action_masks" in inspect.signature(model.predict).parameters
     space = model.observation_space
     flat = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
@@ -150,7 +150,7 @@ def _tensordict_module(module) -> CallablePolicy:
 
 
 def _d3rlpy(algo) -> CallablePolicy:
-    """A d3rlpy algorithm: the flat layout (gymnasium's `spaces.flatten` order, `to_replay_buffer`'s default) or
+    """A d3rlpy algorithm: the flat layout (`morca_env.observation.FLAT_KEYS`, `to_replay_buffer`'s default) or
     the tuple layout (`observation="tuple"`), read from the algorithm's own observation shape."""
     shape = algo.impl.observation_shape
     flat = is_flat_shape(shape)

@@ -9,8 +9,9 @@ import torch
 from gymnasium.wrappers import FlattenObservation
 
 from morca_env.data import collect_dataset, episode_options, to_replay_buffer
-from morca_env.observation import (FLAT_KEYS, as_flat, channels_of_flat, flat_size, observation_space,
+from morca_env.observation import (FLAT_KEYS, OBS_KEYS, as_flat, channels_of_flat, flat_size, observation_space,
                                    split_flat)
+from tests.conftest import CHECKOUT
 
 ENV_KWARGS = {"speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}
 NOOP = d3rlpy.logging.NoopAdapterFactory()
@@ -93,14 +94,36 @@ def test_a_bad_feature_dtype_is_named_with_the_valid_ones():
     assert env.observation_space["pooled"].dtype == np.float16
 
 
-def test_the_documented_flat_order_is_the_one_used():
-    """to_replay_buffer's docstring gave [pooled, temporal, scalars, action_mask]; the code uses FLAT_KEYS."""
+def _docstrings():
+    """(file, name, docstring) of every module, class and function of the package, the agents and the examples."""
+    import ast
+
+    for root in ("morca_env", "agents", "examples"):
+        for path in sorted((CHECKOUT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc:
+                        yield path.relative_to(CHECKOUT), getattr(node, "name", "<module>"), " ".join(doc.split())
+
+
+def test_every_docstring_on_the_flat_order_points_to_its_one_home():
+    """to_replay_buffer's docstring once gave [pooled, temporal, scalars, action_mask] while the code used FLAT_KEYS:
+    the order now lives in morca_env.observation alone, and a docstring that speaks of it names FLAT_KEYS."""
     import re
 
+    speaks = re.compile(r"flat\w*[^.]{0,80}\b(order|layout)\b|\b(order|layout)\b[^.]{0,80}flat", re.IGNORECASE)
+    astray = [f"{path}:{name}" for path, name, doc in _docstrings() if speaks.search(doc) and "FLAT_KEYS" not in doc]
+    assert not astray, f"docstrings on the flat order that do not name FLAT_KEYS: {astray}"
+    # a docstring that lists all four parts lists them in the flat order or in the tuple form's (OBS_KEYS)
+    listing = re.compile(r"\b(?:action_mask|pooled|scalars|temporal)(?:,\s*(?:action_mask|pooled|scalars|temporal)){3}")
+    orders = [(f"{path}:{name}", [k.strip() for k in hit.group(0).split(",")])
+              for path, name, doc in _docstrings() for hit in listing.finditer(doc)]
+    assert orders, "no docstring lists the parts: the check below would pass on nothing"
+    assert not [(where, keys) for where, keys in orders if keys not in (list(FLAT_KEYS), list(OBS_KEYS))]
     from morca_env.data import to_replay_buffer
 
-    documented = re.search(r"\[(action_mask|pooled)[^\]]*\]", " ".join(to_replay_buffer.__doc__.split())).group(0)
-    assert [k.strip() for k in documented.strip("[]").split(",")] == list(FLAT_KEYS)
+    assert "FLAT_KEYS" in to_replay_buffer.__doc__
 
 
 def test_a_scalars_track_dataset_flattens_to_the_mask_and_scalars_and_has_no_tuple_form(tmp_path, monkeypatch):
