@@ -4,7 +4,7 @@ on the same transitions (MorcaTiny's observation sizes), measured in one run.
     python benchmarks/bench_update_cost.py [--threads 1] [--updates 20] [--channels 3]
 
 Each algorithm is timed in alternating blocks (so a change in the machine's load falls on all of them), at its
-leaderboard config (d3rlpy's defaults: DiscreteCQL, DQN and DiscreteBC at batch 32; IQL at its own 256) and at
+leaderboard config (d3rlpy's defaults: DiscreteCQL and DQN at batch 32, DiscreteBC at 100; IQL at its own 256) and at
 one common batch of 256. IQL reads the tuple observation through `MorcaEncoder` (two conv branches and an MLP
 per network: four networks as the paper trains them, or with `shared_critic_encoder` one encoder under the twin Q
 and V heads); the others read the flat observation through d3rlpy's default MLP encoder. The paper's IQL row is
