@@ -79,8 +79,9 @@ def time_updates(data, batch: int | None, updates: int, blocks: int = 4) -> dict
 
 def iql_split(data, updates: int) -> tuple[float, float]:
     """ms per critic step and per actor step of one IQL update (batch 256)."""
-    import agents
     from d3rlpy.torch_utility import TorchMiniBatch
+
+    import agents
 
     config = agents.DiscreteIQLConfig()
     algo = config.create(device="cpu")
