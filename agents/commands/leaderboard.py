@@ -13,9 +13,11 @@ learn from `--n-step`-step returns (default: the whole episode, Monte-Carlo); ev
 library's default. Each learned method runs on each observation track (`--tracks`): "full",
 the paper's state with latent features, and "scalars", its seven scalars and the mask (the MORCA networks with
 no latent branch; the other algorithms on the scalars track's own observations). Each run is one JSON file under `--out`
-(written when done), so a crash or a stop loses at most the runs in flight. Each learned run also records its
-learning curve (`--curve-points`): the normalized score on 8 validation pairs of training prompts at checkpoints
-twice apart in updates (offline) or episodes (sb3 online; the MORCA online trainers give their final point). The page
+(written when done). A run in flight when the board stops continues, on the same machine, from its last
+learning-curve checkpoint: its networks and its curve so far wait under `--out/train/` (sb3's runs start over).
+Each learned run records its learning curve (`--curve-points`): the normalized score on 8 validation pairs of
+training prompts at checkpoints twice apart in updates (offline) or episodes (online; the MORCA online trainers at
+each round of episodes). The page
 (the leaderboard page, `--page`, with a performance-profile plot) aggregates the
 normalized scores with rliable: IQM over runs and targets, 95% stratified-bootstrap CIs.
 """
@@ -112,11 +114,13 @@ def buffer_of(dataset: str, episodes: int, track: str = "full", n_step: int = 1)
 
 
 def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "full", checkpoints=(), on_checkpoint=None,
-                 gamma: float = GAMMA, device: str = "cpu"):
+                 gamma: float = GAMMA, device: str = "cpu", run_dir: Path | None = None):
     """`method` trained on `buffer`: the MORCA IQL reads the full track's flat buffer, its latent branch off on the
     scalars track (the paper's scalar state); the others read the track's own flat observations. At each update
     count in `checkpoints`, `on_checkpoint(policy, updates_so_far)` (the learning curve). The MORCA IQL trains on
-    `device`; the MLP algorithms on the CPU (their updates cost milliseconds there: a GPU would add transfers)."""
+    `device`; the MLP algorithms on the CPU (their updates cost milliseconds there: a GPU would add transfers).
+    With `run_dir`, the networks and optimizers are saved after each checkpoint, and a run interrupted there
+    continues from them (its sampling then draws from a stream seeded by the seed and the updates done)."""
     import d3rlpy
 
     import agents
@@ -124,14 +128,68 @@ def offline_algo(method: str, buffer, updates: int, seed: int, track: str = "ful
     d3rlpy.seed(seed)
     algo = offline_config(method, track, gamma).create(device=device if method == "IQL (MORCA)" else "cpu")
     wrap = (lambda a: agents.MorcaPolicy(a)) if method == "IQL (MORCA)" else (lambda a: a)
-    done = 0
-    for stop in sorted({*(c for c in checkpoints if 0 < c < updates), updates}):
+    done = _resume_offline(algo, buffer, run_dir, seed, updates)
+    for stop in sorted({*(c for c in checkpoints if done < c < updates), updates} - {done}):
         algo.fit(buffer, n_steps=stop - done, n_steps_per_epoch=stop - done, show_progress=False,
                  logger_adapter=d3rlpy.logging.NoopAdapterFactory())  # a later fit continues the same networks
         done = stop
         if on_checkpoint is not None and stop in checkpoints:
             on_checkpoint(wrap(algo), done)
+        if run_dir is not None:
+            _save_offline(algo, run_dir, done)
     return wrap(algo)
+
+
+PROGRESS = "progress.json"  # in a run's train folder: its learning curve and seconds so far
+
+
+def _progress(run_dir: Path | None) -> dict | None:
+    """What an interrupted run had recorded (curve, train_s, eval_s), or None."""
+    if run_dir is None or not (run_dir / PROGRESS).exists():
+        return None
+    return json.loads((run_dir / PROGRESS).read_text())
+
+
+def _save_progress(run_dir: Path, curve: list, train_s: float, eval_s: float) -> None:
+    from morca_env.utils.io import atomic_write_text
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / PROGRESS, json.dumps({"curve": curve, "train_s": train_s, "eval_s": eval_s}))
+
+
+OFFLINE_STATE = "offline.json"  # in a run's train folder: the updates done and the file of their networks
+
+
+def _resume_offline(algo, buffer, run_dir: Path | None, seed: int, updates: int) -> int:
+    """The updates an interrupted run of this job had done, its networks and optimizers loaded into `algo`; else 0."""
+    if run_dir is None or not (run_dir / OFFLINE_STATE).exists():
+        return 0
+    import d3rlpy
+
+    state = json.loads((run_dir / OFFLINE_STATE).read_text())
+    done = int(state["updates"])
+    if not 0 < done <= updates:
+        raise ValueError(f"{run_dir / OFFLINE_STATE} holds {done} updates; valid: 1..{updates} (this board's "
+                         f"--updates). Delete {run_dir} to train the run from the start")
+    algo.build_with_dataset(buffer)
+    algo.load_model(str(run_dir / state["model"]))
+    algo.set_grad_step(done)  # target syncs count from the run's first update
+    d3rlpy.seed(seed * 1_000_003 + done)  # uninterrupted runs keep their one stream; a resumed run gets its own
+    return done
+
+
+def _save_offline(algo, run_dir: Path, done: int) -> None:
+    """The networks after `done` updates, written before the state file names them (a crash keeps the last pair)."""
+    from morca_env.utils.io import atomic_write_text
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = f"model_{done}.d3"
+    algo.save_model(str(run_dir / f".{model}.tmp"))
+    os.replace(run_dir / f".{model}.tmp", run_dir / model)
+    atomic_write_text(run_dir / OFFLINE_STATE, json.dumps({"updates": done, "model": model}))
+    for old in run_dir.glob("model_*.d3"):
+        if old.name != model:
+            old.unlink()
 
 
 def offline_config(method: str, track: str = "full", gamma: float = GAMMA):
@@ -309,7 +367,8 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     offline, buffer = None, None
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
-        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track, device=iql_device(args)).algo
+        offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track, device=iql_device(args),
+                               run_dir=run_dir / "offline").algo
         if on_checkpoint is not None and checkpoints:
             on_checkpoint(agents.MorcaPolicy(offline), 0)
     config = online_config(episodes, args.updates, getattr(args, "n_step", 1), speedup_range=speedups, seed=seed,
@@ -354,16 +413,24 @@ def run_job(job: dict, args) -> dict:
     from morca_env import schedulers
 
     env = benchmark.make_env(ENV_ID)
-    curve, validate = [], None
+    validate = None
     if job["family"] != "rule" and getattr(args, "curve_points", 0):
         validate = Validation(args.validation_references)
-    eval_s = 0.0
+    run_dir = Path(args.out) / "train" / run_name(job) if getattr(args, "out", None) else None
+    # a run that continues where it stopped (not sb3's: they start over) keeps its curve and seconds so far
+    before = _progress(run_dir) if job["method"] not in ("MaskablePPO", "DQN (sb3)") else None
+    curve = before["curve"] if before else []
+    train_before, eval_before = (before["train_s"], before["eval_s"]) if before else (0.0, 0.0)
+    eval_s = eval_before
 
     def checkpoint(policy, count):
         nonlocal eval_s
         t = time.perf_counter()
-        curve.append({"x": count, **validate(policy)})
+        point = {"x": count, **validate(policy)}
+        curve[:] = sorted([p for p in curve if p["x"] != count] + [point], key=lambda p: p["x"])  # a redone point
         eval_s += time.perf_counter() - t
+        if run_dir is not None:
+            _save_progress(run_dir, curve, train_before + time.perf_counter() - t0 - (eval_s - eval_before), eval_s)
 
     t0 = time.perf_counter()
     if job["family"] == "rule":
@@ -374,10 +441,10 @@ def run_job(job: dict, args) -> dict:
         buffer = buffer_of(job["dataset"], args.episodes, track, getattr(args, "n_step", 1))
         policy = offline_algo(job["method"], buffer, args.updates,
                               job["seed"], track_of(job), curve_points(args.updates, getattr(args, "curve_points", 0)),
-                              checkpoint if validate else None, device=iql_device(args))
+                              checkpoint if validate else None, device=iql_device(args), run_dir=run_dir)
         budget = f"{args.updates} updates on {args.episodes} episodes"
     else:
-        policy = online_policy(job, args, Path(args.out) / "train" / run_name(job),
+        policy = online_policy(job, args, run_dir,
                                curve_points(args.online_episodes, getattr(args, "curve_points", 0)),
                                checkpoint if validate else None)
         budget = f"{args.online_episodes} env episodes" + (f" after {args.updates} offline updates"
@@ -387,7 +454,8 @@ def run_job(job: dict, args) -> dict:
         if not curve or curve[-1]["x"] != x_final:  # the MORCA online trainers: their final point
             checkpoint(policy, x_final)
         validate.close()
-    train_s = time.perf_counter() - t0 - eval_s
+    train_s = train_before + time.perf_counter() - t0 - (eval_s - eval_before)
+    t_scored = time.perf_counter()
     # a policy reading the scalars track's own observations plays in an env on that track (evaluate makes it)
     own_track = track_of(job) == "scalars" and benchmark.policy_track(policy) == "scalars"
     result = benchmark.evaluate(policy, ENV_ID, env=None if own_track else env, progress=False, name=job["method"],
@@ -395,7 +463,7 @@ def run_job(job: dict, args) -> dict:
     env.close()
     trained_on = iql_device(args) if "IQL" in job["method"] else "cpu"
     return {**job, "machine": machine(trained_on), "budget": budget, "train_s": train_s,
-            "eval_s": time.perf_counter() - t0 - train_s,
+            "eval_s": eval_s + time.perf_counter() - t_scored,
             "played_on": result.observation, "curve": curve,
             "curve_x": "gradient updates" if job["family"] == "offline" else "env episodes",
             "scores": {f"{t:g}": {"normalized": s.normalized, "psnr": s.psnr, "ssim": s.ssim,

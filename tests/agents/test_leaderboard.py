@@ -474,3 +474,92 @@ def test_the_committed_run_records_are_whole_runs_of_the_board_under_their_own_n
             assert record["budget"] == f"{settings['updates']} updates on {settings['episodes']} episodes", path.name
         elif record["family"] == "online":
             assert record["budget"].startswith(f"{settings['online_episodes']} env episodes"), path.name
+
+
+@pytest.fixture
+def two_episode_buffer(tmp_path, monkeypatch):
+    from morca_env.data import collect_dataset, to_replay_buffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
+    data = collect_dataset("test/tiny/resume-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
+        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
+        progress=False)
+    return lambda track="full": to_replay_buffer(data, track=None if track == "full" else track)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["DiscreteCQL", "IQL (MORCA)"])
+def test_an_offline_run_stopped_after_a_checkpoint_continues_from_its_networks(tmp_path, method, two_episode_buffer,
+                                                                             monkeypatch):
+    """A board stopped mid-run (a session ends) loses only the updates since the run's last checkpoint."""
+    import torch
+
+    buffer = two_episode_buffer("scalars" if method == "DiscreteCQL" else "full")
+    run_dir = tmp_path / "train" / "run"
+    saved = {}
+
+    def stop_at_the_second(policy, count):
+        algo = getattr(policy, "algo", policy)
+        if count == 2:
+            saved.update({k: v.clone() for k, v in algo.impl.modules.q_funcs[0].state_dict().items()})
+        else:
+            raise Stop
+
+    with pytest.raises(Stop):
+        leaderboard.offline_algo(method, buffer, 4, 0, "scalars", (2, 4), stop_at_the_second, run_dir=run_dir)
+    assert json.loads((run_dir / leaderboard.OFFLINE_STATE).read_text())["updates"] == 2
+    loaded, points = {}, []
+    original = leaderboard._resume_offline
+
+    def resume(algo, *args):
+        done = original(algo, *args)
+        loaded.update({k: v.clone() for k, v in algo.impl.modules.q_funcs[0].state_dict().items()})
+        return done
+
+    monkeypatch.setattr(leaderboard, "_resume_offline", resume)
+    policy = leaderboard.offline_algo(method, buffer, 4, 0, "scalars", (2, 4),
+                                      lambda p, count: points.append((count, getattr(p, "algo", p).grad_step)),
+                                      run_dir=run_dir)
+    assert points == [(4, 4)]  # 2 updates more, counted from the run's first
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert [p.name for p in run_dir.glob("model_*.d3")] == ["model_4.d3"]
+    assert getattr(policy, "algo", policy).grad_step == 4
+    (run_dir / leaderboard.OFFLINE_STATE).write_text(json.dumps({"updates": 9, "model": "model_4.d3"}))
+    with pytest.raises(ValueError, match=r"holds 9 updates; valid: 1\.\.4"):
+        leaderboard.offline_algo(method, buffer, 4, 0, "scalars", run_dir=run_dir)
+
+
+def test_a_resumed_run_keeps_its_curve_and_seconds_so_far(tmp_path, two_episode_buffer, monkeypatch):
+    calls = []
+
+    class Counted:
+        def __init__(self, references):
+            pass
+
+        def __call__(self, policy):
+            calls.append(policy)
+            if len(calls) == 2:
+                raise Stop  # the board stops while the second point is measured
+            return {"normalized": float(len(calls)), "per_target": {}}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
+    monkeypatch.setattr(leaderboard, "Validation", Counted)
+    monkeypatch.setattr(leaderboard, "buffer_of", lambda dataset, episodes, track="full", n_step=1:
+                        two_episode_buffer(track))
+    args = argparse.Namespace(episodes=2, updates=4, pair_step=4, curve_points=2, validation_references={},
+                              out=str(tmp_path))
+    job = {"family": "offline", "method": "DiscreteBC", "dataset": "random", "seed": 0, "track": "scalars"}
+    with pytest.raises(Stop):
+        leaderboard.run_job(job, args)
+    before = json.loads((tmp_path / "train" / leaderboard.run_name(job) / leaderboard.PROGRESS).read_text())
+    assert [p["x"] for p in before["curve"]] == [2] and before["train_s"] > 0
+    record = leaderboard.run_job(job, args)
+    assert [(p["x"], p["normalized"]) for p in record["curve"]] == [(2, 1.0), (4, 3.0)]
+    assert len(calls) == 3 and record["train_s"] > before["train_s"] and record["eval_s"] >= before["eval_s"]
