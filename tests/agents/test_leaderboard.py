@@ -228,14 +228,30 @@ def test_learned_methods_run_on_each_track_and_full_track_runs_keep_their_names(
     assert leaderboard_report.label_of({**full, "track": "scalars"}) == "DiscreteCQL on random [scalars]"
 
 
-def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_env(tmp_path, monkeypatch):
-    from morca_env.data import collect_dataset, to_replay_buffer
+@pytest.fixture
+def two_episodes(tmp_path, monkeypatch):
+    """Two MorcaTinyRandom episodes collected into a temp Minari root (the offline runs' data, small)."""
+    from morca_env.data import collect_dataset
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
-    data = collect_dataset("test/tiny/board-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
+    return collect_dataset("test/tiny/board-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
         "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
         progress=False)
+
+
+@pytest.fixture
+def two_episode_buffer(two_episodes):
+    from morca_env.data import to_replay_buffer
+
+    return lambda track="full", n_step=1: to_replay_buffer(two_episodes, track=None if track == "full" else track,
+                                                           n_step=n_step)
+
+
+def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_env(monkeypatch, two_episodes):
+    from morca_env.data import to_replay_buffer
+
+    data = two_episodes
     seen = []
 
     def buffer_of(dataset, episodes, track="full", n_step=1):
@@ -258,14 +274,11 @@ def test_a_scalars_track_run_trains_on_the_tracks_observations_and_plays_on_its_
     assert not trained[-1].reads_latents
 
 
-def test_the_value_methods_learn_from_the_boards_return_horizon_with_the_envs_discount(tmp_path, monkeypatch):
-    from morca_env.data import collect_dataset, to_replay_buffer
+def test_the_value_methods_learn_from_the_boards_return_horizon_with_the_envs_discount(tmp_path, monkeypatch,
+                                                                                         two_episodes):
+    from morca_env.data import to_replay_buffer
 
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
-    data = collect_dataset("test/tiny/horizon-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
-        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
-        progress=False)
+    data = two_episodes
     horizons, trained = [], []
 
     def buffer_of(dataset, episodes, track="full", n_step=1):
@@ -407,17 +420,13 @@ def test_the_validation_pairs_are_disjoint_from_every_slice_the_board_trains_fit
         assert not validation & {p for p, _ in get_suite(spec).pairs()}, spec
 
 
-def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, monkeypatch):
+def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, monkeypatch, two_episodes):
     from morca_env import schedulers
-    from morca_env.data import collect_dataset, to_replay_buffer
+    from morca_env.data import to_replay_buffer
     from morca_env.evaluation import benchmark
 
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(leaderboard, "ENV_ID", "MorcaTinyRandom-v0")
-    data = collect_dataset("test/tiny/curve-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
-        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
-        progress=False)
+    data = two_episodes
     monkeypatch.setattr(leaderboard, "buffer_of",
                         lambda dataset, episodes, track="full", n_step=1: to_replay_buffer(data))
     env = benchmark.make_env("MorcaTinyRandom-v0", leaderboard.validation_suite())
@@ -474,18 +483,6 @@ def test_the_committed_run_records_are_whole_runs_of_the_board_under_their_own_n
             assert record["budget"] == f"{settings['updates']} updates on {settings['episodes']} episodes", path.name
         elif record["family"] == "online":
             assert record["budget"].startswith(f"{settings['online_episodes']} env episodes"), path.name
-
-
-@pytest.fixture
-def two_episode_buffer(tmp_path, monkeypatch):
-    from morca_env.data import collect_dataset, to_replay_buffer
-
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    monkeypatch.setenv("MORCA_CACHE_DIR", str(tmp_path / "cache"))
-    data = collect_dataset("test/tiny/resume-v0", "MorcaTinyRandom-v0", 2, env_kwargs={
-        "speedup": [1.5, 3.0], "lpips": False, "num_inference_steps": 10}, behavior={"name": "threshold-curve"},
-        progress=False)
-    return lambda track="full": to_replay_buffer(data, track=None if track == "full" else track)
 
 
 class Stop(Exception):
