@@ -198,9 +198,9 @@ class OnlineTrainer:
                       **{f"joint_{k}": v for k, v in joint.items()}}
             self.history.append(record)
             writer.add_scalar("online/rollout_psnr", psnr, index + 1)
-            self.checkpoints.save(self.algo, index, {"history": self.history})
-            if on_round is not None:
+            if on_round is not None:  # before the save: a stop in between redoes the round, and its point
                 on_round(self.algo, (index + 1) * config.trajectories_per_round)
+            self.checkpoints.save(self.algo, index, {"history": self.history})
             if self.progress:
                 log.info("round %d/%d: rollout PSNR %.2f dB, %d transitions, %.0f s", index + 1, config.rounds, psnr,
                          buffer.transition_count, record["seconds"])

@@ -183,12 +183,12 @@ class Reinforce:
             self.history.append(record)
             writer.add_scalar("reinforce/rollout_psnr", record["rollout_psnr"], self.episodes_done)
             writer.add_scalar("reinforce/loss", record["loss"], self.episodes_done)
-            self.save()
             if pending and self.episodes_done >= pending[0]:  # one point per update, however many it passed
                 while pending and self.episodes_done >= pending[0]:
                     pending.pop(0)
-                if on_checkpoint is not None:
+                if on_checkpoint is not None:  # before the save: a stop in between redoes the update, and its point
                     on_checkpoint(self.policy(), self.episodes_done)
+            self.save()
         bar.close()
         writer.close()
         atomic_write_text(self.run_dir / "history.json", json.dumps(self.history, indent=1) + "\n")

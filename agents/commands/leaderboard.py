@@ -13,8 +13,9 @@ learn from `--n-step`-step returns (default: the whole episode, Monte-Carlo); ev
 library's default. Each learned method runs on each observation track (`--tracks`): "full",
 the paper's state with latent features, and "scalars", its seven scalars and the mask (the MORCA networks with
 no latent branch; the other algorithms on the scalars track's own observations). Each run is one JSON file under `--out`
-(written when done). A run in flight when the board stops continues, on the same machine, from its last
-learning-curve checkpoint: its networks and its curve so far wait under `--out/train/` (sb3's runs start over).
+(written when done). A run in flight when the board stops continues, on the same machine, from what it saved
+under `--out/train/` (offline runs: their last learning-curve checkpoint; the MORCA online trainers: their last
+round; REINFORCE: its last update), with its curve so far; sb3's runs start over.
 Each learned run records its learning curve (`--curve-points`): the normalized score on 8 validation pairs of
 training prompts at checkpoints twice apart in updates (offline) or episodes (online; the MORCA online trainers at
 each round of episodes). The page
@@ -28,6 +29,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -167,6 +169,9 @@ def _resume_offline(algo, buffer, run_dir: Path | None, seed: int, updates: int)
     import d3rlpy
 
     state = json.loads((run_dir / OFFLINE_STATE).read_text())
+    if state.get("config") != algo.config.serialize():  # another method's or another version's networks
+        print(f"{run_dir} was trained with another config; the run starts over", file=sys.stderr)
+        return 0
     done = int(state["updates"])
     if not 0 < done <= updates:
         raise ValueError(f"{run_dir / OFFLINE_STATE} holds {done} updates; valid: 1..{updates} (this board's "
@@ -180,13 +185,13 @@ def _resume_offline(algo, buffer, run_dir: Path | None, seed: int, updates: int)
 
 def _save_offline(algo, run_dir: Path, done: int) -> None:
     """The networks after `done` updates, written before the state file names them (a crash keeps the last pair)."""
-    from morca_env.utils.io import atomic_write_text
+    from morca_env.utils.io import atomic_path, atomic_write_text
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     model = f"model_{done}.d3"
-    algo.save_model(str(run_dir / f".{model}.tmp"))
-    os.replace(run_dir / f".{model}.tmp", run_dir / model)
-    atomic_write_text(run_dir / OFFLINE_STATE, json.dumps({"updates": done, "model": model}))
+    with atomic_path(run_dir / model) as tmp:
+        algo.save_model(str(tmp))
+    atomic_write_text(run_dir / OFFLINE_STATE, json.dumps({"updates": done, "model": model,
+                                                           "config": algo.config.serialize()}))
     for old in run_dir.glob("model_*.d3"):
         if old.name != model:
             old.unlink()
@@ -368,7 +373,8 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
     if method == "IQL offline-to-online":
         buffer = buffer_of(job["dataset"], args.episodes, n_step=getattr(args, "n_step", 1))
         offline = offline_algo("IQL (MORCA)", buffer, args.updates, seed, track, device=iql_device(args),
-                               run_dir=run_dir / "offline").algo
+                               checkpoints=curve_points(args.updates, getattr(args, "curve_points", 0)),
+                               run_dir=run_dir / "offline").algo  # saved where the offline board's runs are
         if on_checkpoint is not None and checkpoints:
             on_checkpoint(agents.MorcaPolicy(offline), 0)
     config = online_config(episodes, args.updates, getattr(args, "n_step", 1), speedup_range=speedups, seed=seed,
@@ -425,9 +431,10 @@ def run_job(job: dict, args) -> dict:
 
     def checkpoint(policy, count):
         nonlocal eval_s
+        if any(p["x"] == count for p in curve):  # measured before the stop (the trainer redid its last stretch)
+            return
         t = time.perf_counter()
-        point = {"x": count, **validate(policy)}
-        curve[:] = sorted([p for p in curve if p["x"] != count] + [point], key=lambda p: p["x"])  # a redone point
+        curve[:] = sorted([*curve, {"x": count, **validate(policy)}], key=lambda p: p["x"])
         eval_s += time.perf_counter() - t
         if run_dir is not None:
             _save_progress(run_dir, curve, train_before + time.perf_counter() - t0 - (eval_s - eval_before), eval_s)
@@ -455,6 +462,8 @@ def run_job(job: dict, args) -> dict:
             checkpoint(policy, x_final)
         validate.close()
     train_s = train_before + time.perf_counter() - t0 - (eval_s - eval_before)
+    if run_dir is not None and job["family"] != "rule":
+        _save_progress(run_dir, curve, train_s, eval_s)
     t_scored = time.perf_counter()
     # a policy reading the scalars track's own observations plays in an env on that track (evaluate makes it)
     own_track = track_of(job) == "scalars" and benchmark.policy_track(policy) == "scalars"
@@ -600,6 +609,8 @@ def main(argv=None) -> int:
                     job = futures[future]
                     try:
                         atomic_write_text(runs / f"{run_name(job)}.json", json.dumps(future.result(), indent=1))
+                        # its resume state is spent: a rerun of the job (a deleted record) trains afresh
+                        shutil.rmtree(out / "train" / run_name(job), ignore_errors=True)
                     except Exception as error:  # one failed run does not stop the others; rerun to retry it
                         failed.append(run_name(job))
                         print(f"run {run_name(job)} failed: {error!r}", file=sys.stderr)

@@ -182,6 +182,14 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     assert resumed.run(on_round=lambda algo, count: points.append(count))[-1]["round"] == 3
     assert points[2:] == [6]  # the resumed run's own round only
 
+    def stop(*_):
+        raise KeyboardInterrupt  # the board stops while a round's point is measured
+
+    four = OnlineConfig(**{**config.__dict__, "rounds": 4})
+    with pytest.raises(KeyboardInterrupt):
+        OnlineTrainer(env, four, tmp_path / "online", progress=False).run(on_round=stop)
+    assert OnlineTrainer(env, four, tmp_path / "online", progress=False).start_round == 3  # the round is redone
+
     reinforce = Reinforce(env, ReinforceConfig(episodes_per_update=2, total_episodes=6, speedup_range=(1.5, 2.5)),
                           tmp_path / "reinforce", progress=False)
     before = [p.detach().clone() for p in reinforce.network.parameters()]
@@ -189,6 +197,10 @@ def test_online_round_and_reinforce_update_run_and_resume(tmp_path):
     assert len(reinforce.train(checkpoints=(1, 2, 5, 6), on_checkpoint=lambda policy, count: curve.append(
         (isinstance(policy, ReinforcePolicy), count)))) == 3
     assert curve == [(True, 2), (True, 6)]  # 1 and 2 fall in the first update, 5 and 6 in the last
+    eight = ReinforceConfig(episodes_per_update=2, total_episodes=8, speedup_range=(1.5, 2.5))
+    with pytest.raises(KeyboardInterrupt):
+        Reinforce(env, eight, tmp_path / "reinforce", progress=False).train(checkpoints=(8,), on_checkpoint=stop)
+    assert Reinforce(env, eight, tmp_path / "reinforce", progress=False).episodes_done == 6  # the update is redone
     assert any(not torch.equal(a, b) for a, b in zip(before, reinforce.network.parameters()))
     policy = ReinforcePolicy.load(tmp_path / "reinforce" / "reinforce.safetensors")
     obs, info = env.reset(seed=0)

@@ -63,7 +63,10 @@ def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     out, page = tmp_path / "lb", tmp_path / "page.md"
     argv = ["--only", "rules", "--seeds", "1", "--pair-step", "40", "--workers", "1", "--out", str(out),
             "--page", str(page)]
+    stale = out / "train" / "best_fixed_____s0"  # what an interrupted run of the job left
+    stale.mkdir(parents=True)
     assert leaderboard.main(argv) == 0
+    assert not stale.exists()  # a written run's resume state is spent
     files = sorted((out / "runs").glob("*.json"))
     assert len(files) == len(leaderboard.RULES) == 3
     best = json.loads((out / "runs" / "best_fixed_____s0.json").read_text())
@@ -525,9 +528,16 @@ def test_an_offline_run_stopped_after_a_checkpoint_continues_from_its_networks(t
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert [p.name for p in run_dir.glob("model_*.d3")] == ["model_4.d3"]
     assert getattr(policy, "algo", policy).grad_step == 4
-    (run_dir / leaderboard.OFFLINE_STATE).write_text(json.dumps({"updates": 9, "model": "model_4.d3"}))
+    monkeypatch.setattr(leaderboard, "_resume_offline", original)
+    state = json.loads((run_dir / leaderboard.OFFLINE_STATE).read_text())
+    (run_dir / leaderboard.OFFLINE_STATE).write_text(json.dumps({**state, "updates": 9}))
     with pytest.raises(ValueError, match=r"holds 9 updates; valid: 1\.\.4"):
         leaderboard.offline_algo(method, buffer, 4, 0, "scalars", run_dir=run_dir)
+    (run_dir / leaderboard.OFFLINE_STATE).write_text(json.dumps({**state, "updates": 2, "config": "{}"}))
+    points.clear()  # another config's networks are not loaded: the run starts over
+    leaderboard.offline_algo(method, buffer, 4, 0, "scalars", (2, 4), lambda p, count: points.append(count),
+                             run_dir=run_dir)
+    assert points == [2, 4]
 
 
 def test_a_resumed_run_keeps_its_curve_and_seconds_so_far(tmp_path, two_episode_buffer, monkeypatch):
