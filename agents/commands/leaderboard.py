@@ -169,7 +169,7 @@ def _resume_offline(algo, buffer, run_dir: Path | None, seed: int, updates: int)
     import d3rlpy
 
     state = json.loads((run_dir / OFFLINE_STATE).read_text())
-    if state.get("config") != algo.config.serialize():  # another method's or another version's networks
+    if state.get("config", algo.config.serialize()) != algo.config.serialize():  # another config's networks
         print(f"{run_dir} was trained with another config; the run starts over", file=sys.stderr)
         return 0
     done = int(state["updates"])
