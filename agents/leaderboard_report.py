@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +15,18 @@ def label_of(run: dict) -> str:
     """'method on dataset', and the observation track of a learned run read on the scalars track."""
     label = run["method"] if run["dataset"] == "-" else f"{run['method']} on {run['dataset']}"
     return label + (" [scalars]" if run.get("track") == "scalars" else "")
+
+
+@contextlib.contextmanager
+def seeded_numpy(seed: int = 0):
+    """numpy's global generator seeded for the block, then restored: rliable's bootstraps draw from it (its
+    `random_state` argument reaches arch, which no longer uses it), so the page's intervals repeat."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def by_method(results: list[dict], seeds: int) -> dict[str, list[dict]]:
@@ -72,9 +85,18 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     targets = sorted({t for g in groups.values() for r in g for t in r["scores"]}, key=float)
     scores = {label: score_matrix(g, targets) for label, g in groups.items()}
     iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
-    overall, overall_ci = rly.get_interval_estimates(scores, iqm, reps=REPS)
-    per_target = [rly.get_interval_estimates({k: v[:, [i]] for k, v in scores.items()}, iqm, reps=REPS)
-                  for i in range(len(targets))]
+
+    def interval(columns) -> tuple[dict, dict]:
+        """IQM and its CI per method, each from its own seeded bootstrap: a page remade from the same runs, or with
+        other methods added, gives every method the same digits."""
+        pairs = {}
+        for k, v in scores.items():
+            with seeded_numpy():
+                pairs[k] = rly.get_interval_estimates({k: v[:, columns]}, iqm, reps=REPS)
+        return {k: p[0][k] for k, p in pairs.items()}, {k: p[1][k] for k, p in pairs.items()}
+
+    overall, overall_ci = interval(slice(None))
+    per_target = [interval([i]) for i in range(len(targets))]
     ranked = sorted(groups, key=lambda k: -float(overall[k][0]))
     mean_psnr = {k: {t: np.mean([r["scores"][t]["psnr"] for r in g]) for t in targets} for k, g in groups.items()}
 
@@ -133,7 +155,8 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
 
     low = min(-100.0, float(min(v.min() for v in scores.values())) - 10)
     taus = np.linspace(low, 150, 126)
-    profiles, profile_cis = rly.create_performance_profile({k: scores[k] for k in ranked}, taus, reps=REPS)
+    with seeded_numpy():
+        profiles, profile_cis = rly.create_performance_profile({k: scores[k] for k in ranked}, taus, reps=REPS)
     fig, ax = plt.subplots(figsize=(9, 5))
     colours = plt.get_cmap("tab20").colors
     for i, label in enumerate(ranked):  # 20 colours, and a dashed line for learned methods

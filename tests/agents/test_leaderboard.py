@@ -54,6 +54,27 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     assert "critic and value share an encoder" in iql  # the board's IQL, not the paper's four networks
 
 
+def test_a_methods_interval_depends_on_its_own_runs_alone(tmp_path):
+    """The page remade from the same runs is the same page; a method completed later leaves the others' digits."""
+    rng = np.random.default_rng(1)
+    results = [run(m, s, tuple(rng.normal(50, 30, 2))) for m in ("A", "B") for s in range(5)]
+    args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
+                              command="morca leaderboard", n_step=50)
+
+    def rows(runs, name):
+        np.random.seed(len(name))  # another process starts elsewhere in numpy's global stream
+        page = tmp_path / name
+        leaderboard_report.write_page(runs, args, page)
+        return {line.split(" | ")[1]: line.split(" | ")[3:6] for line in page.read_text().splitlines()
+                if line.startswith("| ") and line[2].isdigit()}
+
+    first = rows(results, "one.md")
+    assert first == rows(results, "second.md")
+    more = rows(results + [run("C", s, tuple(rng.normal(0, 30, 2))) for s in range(5)], "three.md")
+    assert more["A on mixture"] == first["A on mixture"] and more["B on mixture"] == first["B on mixture"]
+    assert "C on mixture" in more
+
+
 @pytest.mark.slow  # about 60 s on one core: kept out of the default suite (about 13 min)
 def test_rule_runs_are_written_once_and_a_rerun_resumes(tmp_path, monkeypatch):
     # three of the rules (the exact-K threshold rules replay each run and took most of this test's 86 s): the
