@@ -59,7 +59,8 @@ SEEDED_RULES = ("random", "coin-flip")
 # sb3's default 0.99 would weigh a step's effect on the end by how far the end is)
 GAMMA = 1.0
 OFFLINE = ("IQL (MORCA)", "DiscreteCQL", "DiscreteBCQ", "DiscreteBC", "DQN (offline)")
-ONLINE = ("MaskablePPO", "DQN (sb3)", "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
+SB3_METHODS = ("MaskablePPO", "DQN (sb3)")  # trained by sb3: no resume from a stopped run
+ONLINE = (*SB3_METHODS, "REINFORCE", "IQL online (scratch)", "IQL offline-to-online")
 METHODS = (*RULES, *OFFLINE, *ONLINE)
 
 
@@ -155,7 +156,6 @@ def _progress(run_dir: Path | None) -> dict | None:
 def _save_progress(run_dir: Path, curve: list, train_s: float, eval_s: float) -> None:
     from morca_env.utils.io import atomic_write_text
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / PROGRESS, json.dumps({"curve": curve, "train_s": train_s, "eval_s": eval_s}))
 
 
@@ -339,12 +339,12 @@ def online_policy(job: dict, args, run_dir: Path, checkpoints=(), on_checkpoint=
 
     method, seed, episodes, track = job["method"], job["seed"], args.online_episodes, track_of(job)
     features = "" if track == "scalars" else "p3,mean,var"  # the MORCA networks' latent branch
-    sb3_track = method in ("MaskablePPO", "DQN (sb3)") and track == "scalars"
+    sb3_track = method in SB3_METHODS and track == "scalars"
     flat = method == "DQN (sb3)"  # sb3's n-step replay buffer refuses Dict observations: the flat layout, mask inside
     env = benchmark.training_env(ENV_ID, **({"observation": "scalars"} if sb3_track else {}),
                                  **({"flat": True} if flat else {}))
     steps = episodes * env.unwrapped.num_steps
-    if method in ("MaskablePPO", "DQN (sb3)"):
+    if method in SB3_METHODS:
         from sb3_contrib import MaskablePPO
         from stable_baselines3 import DQN
 
@@ -424,7 +424,7 @@ def run_job(job: dict, args) -> dict:
         validate = Validation(args.validation_references)
     run_dir = Path(args.out) / "train" / run_name(job) if getattr(args, "out", None) else None
     # a run that continues where it stopped (not sb3's: they start over) keeps its curve and seconds so far
-    before = _progress(run_dir) if job["method"] not in ("MaskablePPO", "DQN (sb3)") else None
+    before = _progress(run_dir) if job["method"] not in SB3_METHODS else None
     curve = before["curve"] if before else []
     train_before, eval_before = (before["train_s"], before["eval_s"]) if before else (0.0, 0.0)
     eval_s = eval_before
