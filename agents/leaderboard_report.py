@@ -54,11 +54,28 @@ def learning_curve(runs: list[dict]) -> tuple[list[int], np.ndarray, np.ndarray]
 
 def plateau(curve) -> str:
     """"yes" when the last two checkpoints' 95% intervals overlap (the curve stopped rising or falling within its
-    noise), "no" when they do not, "-" without two checkpoints."""
+    noise); "no, rising" or "no, falling" when they do not (the run ended at the board's budget, still moving);
+    "-" without two checkpoints."""
     if curve is None or len(curve[0]) < 2:
         return "-"
     _, mean, half = curve
-    return "yes" if abs(mean[-1] - mean[-2]) <= half[-1] + half[-2] else "no"
+    if abs(mean[-1] - mean[-2]) <= half[-1] + half[-2]:
+        return "yes"
+    return "no, rising" if mean[-1] > mean[-2] else "no, falling"
+
+
+SAME_PSNR_DB = 1e-3  # a learned entry within this of a rule at every run and target plays that rule's schedule
+
+
+def plays(runs: list[dict], rules: dict[str, list[dict]]) -> str:
+    """The deterministic rule (one run) whose mean PSNR every run matches at every target, or "-": a collapsed agent
+    lands exactly on a constant policy's score, and the reader should not have to spot the equal digits."""
+    for label, (rule,) in ((k, g) for k, g in rules.items() if len(g) == 1):
+        if all(set(r["scores"]) == set(rule["scores"])
+               and all(abs(r["scores"][t]["psnr"] - s["psnr"]) <= SAME_PSNR_DB for t, s in rule["scores"].items())
+               for r in runs):
+            return label
+    return "-"
 
 
 def score_matrix(runs: list[dict], targets: list[str]) -> np.ndarray:
@@ -118,9 +135,10 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              *(f"| {method} | {text} |" for method, text in settings),
              "",
              "| rank | method | runs | IQM (95% CI) | " + " | ".join(f"{t}x IQM" for t in targets) + " | "
-             + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | train s / run | plateau |",
-             "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|---|"]
+             + " | ".join(f"{t}x PSNR" for t in targets) + " | projected / episode | plays | train s / run | plateau |",
+             "|---|---|---|---|" + "---|" * (2 * len(targets)) + "---|---|---|---|"]
     curves = {label: learning_curve(groups[label]) for label in ranked if groups[label][0]["family"] != "rule"}
+    rules = {label: g for label, g in groups.items() if g[0]["family"] == "rule"}
     for rank, label in enumerate(ranked, 1):
         low, high = overall_ci[label][:, 0]
         cells = [f"{per_target[i][0][label][0]:.1f}" for i in range(len(targets))]
@@ -128,7 +146,11 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
         projected = np.mean([s["projected"] for r in groups[label] for s in r["scores"].values()])
         lines.append(f"| {rank} | {label} | {len(groups[label])} | {overall[label][0]:.1f} ({low:.1f}, {high:.1f}) | "
                      + " | ".join(cells) + " | " + " | ".join(f"{mean_psnr[label][t]:.2f}" for t in targets)
-                     + f" | {projected:.1f} | {train:.0f} | {plateau(curves.get(label))} |")
+                     + f" | {projected:.1f} | {'-' if label in rules else plays(groups[label], rules)} | {train:.0f} | "
+                     f"{plateau(curves.get(label))} |")
+    lines += ["", "\"plays\": the rule whose schedule a learned entry plays, where its PSNR equals that rule's "
+              f"(within {SAME_PSNR_DB} dB) at every run and target: an agent that collapsed to a constant policy "
+              "lands exactly on it."]
     top = ranked[0]
     family = groups[top][0]["family"]
     lines += ["", f"Top: **{top}**" + (" — a rule, not a learned scheduler." if family == "rule" else "."), ""]
@@ -174,28 +196,47 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     drawn = {label: c for label, c in curves.items() if c is not None}
     if drawn:
         curve_plot = page.with_name(page.stem + "_curves.png")
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        for i, (label, (xs, mean, half)) in enumerate(drawn.items()):
-            ax = axes[0 if groups[label][0]["family"] == "offline" else 1]
-            ax.plot(xs, mean, "o-", color=colours[i % 20], label=label)
-            ax.fill_between(xs, mean - half, mean + half, color=colours[i % 20], alpha=0.15)
-        for ax, x in zip(axes, ("gradient updates", "environment episodes")):
-            if x == "gradient updates":  # checkpoints twice apart; the online axis starts at the recipe's 0 episodes
+        # a panel per family and observation track (a dozen curves on one axis are unreadable); a method keeps its
+        # colour across panels, and its dataset is the line's style
+        def panel(label):
+            return groups[label][0]["family"], "scalars" if groups[label][0].get("track") == "scalars" else "full"
+
+        families = [f for f in ("offline", "online") if any(panel(k)[0] == f for k in drawn)]
+        tracks = [t for t in ("full", "scalars") if any(panel(k)[1] == t for k in drawn)]
+        methods = list(dict.fromkeys(groups[k][0]["method"] for k in drawn))
+        styles = {"anchored": "--", "mixture": ":"}
+        fig, axes = plt.subplots(len(families), len(tracks), figsize=(7 * len(tracks), 4.6 * len(families)),
+                                 squeeze=False)
+        for (row, family), (column, track) in ((f, t) for f in enumerate(families) for t in enumerate(tracks)):
+            ax = axes[row][column]
+            mine = [k for k in drawn if panel(k) == (family, track)]
+            if not mine:
+                ax.set_visible(False)
+                continue
+            for label in mine:
+                xs, mean, half = drawn[label]
+                colour = plt.get_cmap("tab10").colors[methods.index(groups[label][0]["method"]) % 10]
+                ax.plot(xs, mean, "o" + styles.get(groups[label][0]["dataset"], "-"), color=colour,
+                        label=label.removesuffix(" [scalars]"))
+                ax.fill_between(xs, mean - half, mean + half, color=colour, alpha=0.12)
+            if family == "offline":  # checkpoints twice apart; the online axis starts at the recipe's 0 episodes
                 ax.set_xscale("log", base=2)
             ax.axhline(0, color="grey", lw=0.8)
-            ax.set_xlabel(x)
-            ax.set_ylabel("normalized score on validation pairs (mean, 95% CI over seeds)")
-            ax.legend(fontsize=6)
-        axes[0].set_title("offline")
-        axes[1].set_title("online")
+            ax.axhline(100, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel("gradient updates" if family == "offline" else "environment episodes")
+            ax.set_ylabel("normalized score, validation pairs\n(mean, 95% CI over seeds)")
+            ax.set_title(f"{family}, {'full state' if track == 'full' else 'scalars track'}")
+            ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
         with atomic_path(curve_plot) as tmp:
             fig.savefig(tmp, dpi=110, format="png")
         plt.close(fig)
         lines += ["Learning curves: the normalized score on 8 validation pairs of training prompts (no training, fit "
                   "or selection slice uses them) at checkpoints twice apart; \"plateau\" says whether the last two "
-                  "checkpoints' 95% intervals overlap (the MORCA online trainers: a point per round of episodes; offline-to-"
-                  "online IQL's first point, at 0 episodes, is its offline phase alone).", "",
+                  "checkpoints' 95% intervals overlap, and \"no, rising\" that the method was still improving when "
+                  "it reached the training budget above, the compute limit of this board (the MORCA online trainers: a "
+                  "point per round of episodes; offline-to-online IQL's first point, at 0 episodes, is its offline "
+                  "phase alone).", "",
                   f"![learning curves]({curve_plot.name})", ""]
     command = args.run_command or args.command
     records = f", one JSON record each in `{Path(args.out) / 'runs'}`" if getattr(args, "out", None) else ""

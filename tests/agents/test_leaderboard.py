@@ -464,20 +464,57 @@ def test_a_learned_run_records_its_learning_curve_on_validation_pairs(tmp_path, 
     assert all(np.isfinite(p["normalized"]) and set(p["per_target"]) == {"2", "3"} for p in record["curve"])
 
 
-def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path):
+def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
     def with_curve(method, seed, points):
         return {**run(method, seed, (0.0, 0.0)), "curve": [{"x": x, "normalized": v} for x, v in points]}
 
     results = [with_curve("Flat", s, [(1, 10.0 + s), (2, 50.0 + s), (4, 51.0 + s)]) for s in range(3)]
     results += [with_curve("Rising", s, [(1, 0.0 + s), (2, 20.0 + s), (4, 60.0 + s)]) for s in range(3)]
+    results += [{**with_curve("Falling", s, [(1, 90.0 + s), (2, 60.0 + s)]), "track": "scalars"} for s in range(3)]
     args = argparse.Namespace(seeds=3, pair_step=2, updates=4, episodes=4, online_episodes=2, run_command=None,
                               command="morca leaderboard")
     page = tmp_path / "board.md"
+    panels = []
+    subplots = plt.subplots
+
+    def counting_subplots(*shape, **kwargs):
+        panels.append(shape)
+        return subplots(*shape, **kwargs)
+
+    monkeypatch.setattr(plt, "subplots", counting_subplots)
     leaderboard_report.write_page(results, args, page)
     rows = {line.split(" | ")[1]: line.split(" | ")[-1].strip(" |") for line in page.read_text().splitlines()
             if line.startswith("| ") and line[2].isdigit()}
-    assert rows == {"Flat on mixture": "yes", "Rising on mixture": "no"}
+    assert rows == {"Flat on mixture": "yes", "Rising on mixture": "no, rising",
+                    "Falling on mixture [scalars]": "no, falling"}
     assert (tmp_path / "board_curves.png").stat().st_size > 1000
+    assert (1, 2) in panels  # the curves: a panel per observation track (one family here)
+
+
+def test_a_learned_entry_that_plays_a_rules_schedule_is_named_on_its_row(tmp_path):
+    def psnr_run(method, seed, psnr, family="offline", dataset="random", rule=None):
+        return {**run(method, seed, (0.0, 0.0), family=family, dataset=dataset, rule=rule),
+                "scores": {t: {"normalized": 0.0, "psnr": p, "projected": 0.0} for t, p in zip(("2", "3"), psnr)}}
+
+    results = [psnr_run("always recompute (masked)", 0, (16.3, 15.5), "rule", "-", "always-recompute"),
+               psnr_run("always reuse (masked)", 0, (19.2, 16.4), "rule", "-", "always-reuse")]
+    results += [psnr_run("random feasible", s, (27.0 + s, 23.0), "rule", "-", "random") for s in range(2)]
+    results += [psnr_run("Collapsed", s, (16.3, 15.5 + 1e-4 * s)) for s in range(2)]
+    results += [psnr_run("Almost", s, (16.3, 15.5 + 0.01 * s)) for s in range(2)]  # one run plays something else
+    results += [psnr_run("Random-like", s, (27.0 + s, 23.0)) for s in range(2)]  # a seeded rule is no one schedule
+    args = argparse.Namespace(seeds=2, pair_step=2, updates=4, episodes=4, online_episodes=2, run_command=None,
+                              command="morca leaderboard")
+    page = tmp_path / "board.md"
+    leaderboard_report.write_page(results, args, page)
+    header = next(line for line in page.read_text().splitlines() if line.startswith("| rank |")).split(" | ")
+    column = header.index("plays")
+    plays = {line.split(" | ")[1]: line.split(" | ")[column] for line in page.read_text().splitlines()
+             if line.startswith("| ") and line[2].isdigit()}
+    assert plays["Collapsed on random"] == "always recompute (masked)"
+    assert plays["Almost on random"] == "-" and plays["Random-like on random"] == "-"
+    assert plays["always reuse (masked)"] == "-"  # a rule's own row
 
 
 
