@@ -37,6 +37,7 @@ from importlib.util import find_spec
 from multiprocessing import get_context
 from pathlib import Path
 
+from agents.leaderboard_report import SEEDED_RULES
 from morca_env.parallel.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
@@ -54,7 +55,6 @@ RULES = {"random feasible": "random", "uniform": "uniform", "best fixed": "best-
          # the floor: what a collapsed agent plays, so a reader can place a learned method's score
          "always recompute (masked)": "always-recompute", "always reuse (masked)": "always-reuse",
          "coin flip (masked)": "coin-flip"}
-SEEDED_RULES = ("random", "coin-flip")
 # the env's discount: the reward is the terminal PSNR alone, so every step's decision counts in full (d3rlpy's and
 # sb3's default 0.99 would weigh a step's effect on the end by how far the end is)
 GAMMA = 1.0
@@ -243,7 +243,7 @@ def hyperparameters(n_step: int, episodes: int, updates: int) -> list[tuple[str,
         from sb3_contrib import MaskablePPO
         from stable_baselines3 import DQN
         sb3 = (("MaskablePPO", MaskablePPO), ("DQN (sb3)", DQN))
-    except ImportError:  # the board's sb3 rows need the [rl] extra; the page names what it can
+    except ImportError:  # the board's sb3 rows need the [sb3] extra; the page names what it can
         sb3 = ()
 
     names = {"learning_rate": "lr", "critic_learning_rate": "critic lr", "actor_learning_rate": "actor lr",

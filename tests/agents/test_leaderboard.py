@@ -29,6 +29,7 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     results += [run("B", s, (100.0, 120.0)) for s in range(5)]
     results += [run("best fixed", 0, (100.0, 100.0), family="rule", dataset="-", rule="best-fixed")]
     results += [run("C", s, (500.0, 500.0)) for s in range(3)]  # 3 of 5 seeds: not ranked yet
+    results += [run("coin flip", s, (-100.0, -100.0), family="rule", dataset="-", rule="coin-flip") for s in range(2)]
     for r in results[:4]:
         r["machine"] = "NVIDIA H100, 16 cores"  # a board resumed on another machine says so
     args = argparse.Namespace(seeds=5, pair_step=2, updates=10, episodes=4, online_episodes=2, run_command=None,
@@ -43,9 +44,9 @@ def test_the_page_ranks_complete_methods_by_iqm(tmp_path):
     middle = np.sort(a.ravel())[2:8]  # the interquartile mean of 10 values: the middle 5 (scipy trims 25% each side)
     iqm = float(rows[2].split(" | ")[3].split(" ")[0])
     assert middle.min() <= iqm <= middle.max()
-    assert "Not ranked (seeds still running): C on mixture" in text and "Top: **B on mixture**." in text
+    assert "Not ranked (seeds still running): C on mixture, coin flip" in text and "Top: **B on mixture**." in text
     assert "Not run yet (rerun the command to continue): D on random" in text
-    assert "Made on (runs per machine; train s / run depend on it): NVIDIA H100, 16 cores: 4; not recorded: 10." in text
+    assert "Made on (runs per machine; train s / run depend on it): NVIDIA H100, 16 cores: 4; not recorded: 12." in text
     assert "`morca leaderboard --seeds 5`" in text and (tmp_path / "board.png").stat().st_size > 1000
     settings = dict(line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| D"))
     assert "gamma 1" in settings["| DiscreteCQL"] and "target sync every 8000" in settings["| DiscreteCQL"]
