@@ -129,9 +129,9 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
              "", f"Training budgets: offline {args.updates} gradient updates (each algorithm's default batch size) on "
              f"the first {args.episodes} episodes of a dataset; online {args.online_episodes} environment episodes "
              f"({args.online_episodes * 50} steps); {args.seeds} training seeds per learned method; "
-             "rules are deterministic except random feasible and the coin flip (one run per seed). Learned methods run on each observation "
-             "track: the full state, and \"[scalars]\", the seven scalars and the mask (a rule reads only those: one "
-             "row serves both tracks).", "",
+             "rules are deterministic except random feasible and the coin flip (one run per seed). Learned methods "
+             "run on each observation track: the full state, and \"[scalars]\", the seven scalars and the mask (a "
+             "rule reads only those: one row serves both tracks).", "",
              "Settings, read from the configs the board builds (every other setting is the library's default; the "
              "value-based methods' targets are n-step returns, and at n-step 50 each is the episode's own return):",
              "", "| method | settings |", "|---|---|",
@@ -183,15 +183,39 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     taus = np.linspace(low, 150, 126)
     with seeded_numpy():
         profiles, profile_cis = rly.create_performance_profile({k: scores[k] for k in ranked}, taus, reps=REPS)
-    fig, ax = plt.subplots(figsize=(9, 5))
-    colours = plt.get_cmap("tab20").colors
-    for i, label in enumerate(ranked):  # 20 colours, and a dashed line for learned methods
-        style = "-" if groups[label][0]["family"] == "rule" else "--"
-        ax.plot(taus, profiles[label], style, color=colours[i % 20], label=label)
-        ax.fill_between(taus, profile_cis[label][0], profile_cis[label][1], color=colours[i % 20], alpha=0.15)
-    ax.set_xlabel("normalized score tau (0 = random feasible, 100 = best fixed)")
-    ax.set_ylabel("fraction of runs x targets with score > tau")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    # a method keeps one colour on both plots and every panel, its dataset is the line's style; rules are grey
+    methods = list(dict.fromkeys(groups[k][0]["method"] for k in ranked if groups[k][0]["family"] != "rule"))
+    dashes = {"anchored": "--", "mixture": ":"}
+
+    def colour(label):
+        return plt.get_cmap("tab10").colors[methods.index(groups[label][0]["method"]) % 10]
+
+    def line(label):
+        return dashes.get(groups[label][0]["dataset"], "-")
+
+    def track(label):
+        return "scalars" if groups[label][0].get("track") == "scalars" else "full"
+
+    rule_labels = [k for k in ranked if groups[k][0]["family"] == "rule"]
+    # the scale's anchors and floors as references (the other rules are in the table)
+    references = {"best-fixed": ("0.1", "-"), "random": ("0.45", "-"), "coin-flip": ("0.45", "-."),
+                  "always-recompute": ("0.65", ":")}
+    # a panel per observation track, each with the rules (which read both tracks' inputs) as references
+    tracks = [t for t in ("full", "scalars") if any(k not in rule_labels and track(k) == t for k in ranked)]
+    tracks = tracks or ["full"]
+    fig, axes = plt.subplots(1, len(tracks), figsize=(9.5 * len(tracks), 5.2), squeeze=False)
+    for ax, shown in zip(axes[0], tracks):
+        for label in (k for k in rule_labels if groups[k][0]["rule"] in references):
+            grey, dash = references[groups[label][0]["rule"]]
+            ax.plot(taus, profiles[label], dash, color=grey, lw=1.2, label=label)
+        for label in (k for k in ranked if k not in rule_labels and track(k) == shown):
+            ax.plot(taus, profiles[label], line(label), color=colour(label), lw=1.8,
+                    label=label.removesuffix(" [scalars]"))
+            ax.fill_between(taus, profile_cis[label][0], profile_cis[label][1], color=colour(label), alpha=0.12)
+        ax.set_title("full state" if shown == "full" else "scalars track")
+        ax.set_xlabel("normalized score tau (0 = random feasible, 100 = best fixed)")
+        ax.set_ylabel("fraction of runs x targets with score > tau")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     plot = page.with_suffix(".png")
     with atomic_path(plot) as tmp:
@@ -200,36 +224,31 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
     drawn = {label: c for label, c in curves.items() if c is not None}
     if drawn:
         curve_plot = page.with_name(page.stem + "_curves.png")
-        # a panel per family and observation track (a dozen curves on one axis are unreadable); a method keeps its
-        # colour across panels, and its dataset is the line's style
+        # a panel per family and observation track: a dozen curves on one axis are unreadable
         def panel(label):
-            return groups[label][0]["family"], "scalars" if groups[label][0].get("track") == "scalars" else "full"
+            return groups[label][0]["family"], track(label)
 
         families = [f for f in ("offline", "online") if any(panel(k)[0] == f for k in drawn)]
-        tracks = [t for t in ("full", "scalars") if any(panel(k)[1] == t for k in drawn)]
-        methods = list(dict.fromkeys(groups[k][0]["method"] for k in drawn))
-        styles = {"anchored": "--", "mixture": ":"}
-        fig, axes = plt.subplots(len(families), len(tracks), figsize=(7 * len(tracks), 4.6 * len(families)),
+        panel_tracks = [t for t in ("full", "scalars") if any(panel(k)[1] == t for k in drawn)]
+        fig, axes = plt.subplots(len(families), len(panel_tracks), figsize=(7 * len(panel_tracks), 4.6 * len(families)),
                                  squeeze=False)
-        for (row, family), (column, track) in ((f, t) for f in enumerate(families) for t in enumerate(tracks)):
+        for (row, family), (column, shown) in ((f, t) for f in enumerate(families) for t in enumerate(panel_tracks)):
             ax = axes[row][column]
-            mine = [k for k in drawn if panel(k) == (family, track)]
+            mine = [k for k in drawn if panel(k) == (family, shown)]
             if not mine:
                 ax.set_visible(False)
                 continue
             for label in mine:
                 xs, mean, half = drawn[label]
-                colour = plt.get_cmap("tab10").colors[methods.index(groups[label][0]["method"]) % 10]
-                ax.plot(xs, mean, "o" + styles.get(groups[label][0]["dataset"], "-"), color=colour,
-                        label=label.removesuffix(" [scalars]"))
-                ax.fill_between(xs, mean - half, mean + half, color=colour, alpha=0.12)
+                ax.plot(xs, mean, "o" + line(label), color=colour(label), label=label.removesuffix(" [scalars]"))
+                ax.fill_between(xs, mean - half, mean + half, color=colour(label), alpha=0.12)
             if family == "offline":  # checkpoints twice apart; the online axis starts at the recipe's 0 episodes
                 ax.set_xscale("log", base=2)
             ax.axhline(0, color="grey", lw=0.8)
             ax.axhline(100, color="grey", lw=0.8, ls=":")
             ax.set_xlabel("gradient updates" if family == "offline" else "environment episodes")
             ax.set_ylabel("normalized score, validation pairs\n(mean, 95% CI over seeds)")
-            ax.set_title(f"{family}, {'full state' if track == 'full' else 'scalars track'}")
+            ax.set_title(f"{family}, {'full state' if shown == 'full' else 'scalars track'}")
             ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
         with atomic_path(curve_plot) as tmp:

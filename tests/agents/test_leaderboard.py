@@ -491,7 +491,7 @@ def test_the_page_shows_the_curves_and_whether_each_reached_a_plateau(tmp_path, 
     assert rows == {"Flat on mixture": "yes", "Rising on mixture": "no, rising",
                     "Falling on mixture [scalars]": "no, falling"}
     assert (tmp_path / "board_curves.png").stat().st_size > 1000
-    assert (1, 2) in panels  # the curves: a panel per observation track (one family here)
+    assert panels == [(1, 2), (1, 2)]  # the profile and the curves: a panel per observation track (one family)
 
 
 def test_a_learned_entry_that_plays_a_rules_schedule_is_named_on_its_row(tmp_path):
