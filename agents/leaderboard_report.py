@@ -19,6 +19,11 @@ def label_of(run: dict) -> str:
     return label + (" [scalars]" if run.get("track") == "scalars" else "")
 
 
+def track_of(job: dict) -> str:
+    """The observation track a run's policy reads ("-" for a rule: both; runs from before tracks: "full")."""
+    return job.get("track", "full")
+
+
 @contextlib.contextmanager
 def seeded_numpy(seed: int = 0):
     """numpy's global generator seeded for the block, then restored: rliable's bootstraps draw from it (its
@@ -194,7 +199,7 @@ def write_page(results: list[dict], args, page: Path, expected: list[dict] | Non
         return dashes.get(groups[label][0]["dataset"], "-")
 
     def track(label):
-        return "scalars" if groups[label][0].get("track") == "scalars" else "full"
+        return track_of(groups[label][0])
 
     rule_labels = [k for k in ranked if groups[k][0]["family"] == "rule"]
     # the scale's anchors and floors as references (the other rules are in the table)

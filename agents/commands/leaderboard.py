@@ -37,7 +37,7 @@ from importlib.util import find_spec
 from multiprocessing import get_context
 from pathlib import Path
 
-from agents.leaderboard_report import SEEDED_RULES
+from agents.leaderboard_report import SEEDED_RULES, track_of
 from morca_env.parallel.workers import exit_with_parent
 
 ENV_ID = "MorcaTiny-v0"
@@ -92,11 +92,6 @@ def jobs(args) -> list[dict]:
         return (job["family"] != "rule", iql, job["dataset"] not in ("-", args.datasets[0]), job["family"] == "online",
                 job["track"] == "full")
     return sorted(out, key=cost)
-
-
-def track_of(job: dict) -> str:
-    """The observation track a run's policy reads ("-" for a rule: both; runs from before tracks: "full")."""
-    return job.get("track", "full")
 
 
 def run_name(job: dict) -> str:
